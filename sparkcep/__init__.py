@@ -1,0 +1,22 @@
+"""sparkcep: the UPM-CEP streaming engine for Spark users.
+
+>>> import sparkcep as cep
+>>> q = cep.Query("demo")
+>>> s = q.stream("connections", "ip string, ts timestamp, bytes int64")
+>>> q.output("per_ip", s.aggregate(cep.TimeWindow("10s"), by=["ip"], n=cep.count()))
+"""
+
+from sparkcep.errors import (EngineError, InputError, QueryError, SchemaError, SparkcepError,
+                             UnknownStreamError)
+from sparkcep.query.aggregates import avg, count, first, last, max, min, sum
+from sparkcep.query.expressions import col, lit
+from sparkcep.query.operators import StatefulOperator, Stream
+from sparkcep.query.query import Query
+from sparkcep.query.windows import TimeWindow, TupleWindow
+from sparkcep.runtime.engine import Engine
+from sparkcep.schema import Schema
+
+__all__ = ["Query", "Stream", "Schema", "Engine", "TimeWindow", "TupleWindow", "col", "lit",
+           "count", "sum", "avg", "min", "max", "first", "last", "StatefulOperator",
+           "SparkcepError", "SchemaError", "QueryError", "InputError", "UnknownStreamError", "EngineError"]
+__version__ = "0.1.0"

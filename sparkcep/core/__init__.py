@@ -1,0 +1,1 @@
+"""The operator core: numba kernels over columnar batches and the physical operators."""

@@ -1,0 +1,132 @@
+"""Zero-copy views between Arrow arrays and the numpy arrays kernels take."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sparkcep.core import hashing
+from sparkcep.schema import TYPES
+
+SEQ, TS, WM = "__seq", "__ts", "__wm"  # hidden columns every internal batch carries
+HIDDEN = (SEQ, TS, WM)
+
+KIND_FIXED, KIND_STRING = 0, 1
+
+
+def values(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(values, valid) of a numeric / bool / timestamp array; nulls hold 0 in values."""
+    if pa.types.is_timestamp(arr.type):
+        arr = arr.cast(pa.int64())
+    if arr.null_count:
+        valid = arr.is_valid().to_numpy(zero_copy_only=False)
+        arr = pc.fill_null(arr, False if pa.types.is_boolean(arr.type) else 0)
+    else:
+        valid = np.ones(len(arr), np.bool_)
+    return arr.to_numpy(zero_copy_only=False), valid
+
+
+def strings(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(offsets, bytes, valid) of a string array, views on its Arrow buffers."""
+    if pa.types.is_large_string(arr.type):
+        off_type = np.int64
+    else:
+        off_type = np.int32
+    n = len(arr)
+    _, off_buf, data_buf = arr.buffers()
+    offsets = np.frombuffer(off_buf, off_type, count=arr.offset + n + 1)[arr.offset:] if off_buf else np.zeros(n + 1, off_type)
+    data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    valid = arr.is_valid().to_numpy(zero_copy_only=False) if arr.null_count else np.ones(n, np.bool_)
+    return offsets, data, valid
+
+
+def string_array(offsets: np.ndarray, data: np.ndarray, valid: np.ndarray | None) -> pa.Array:
+    """An Arrow string array over kernel output (offsets rebased to 0)."""
+    offsets = np.asarray(offsets, np.int64)
+    n = len(offsets) - 1
+    if offsets[-1] < 2**31:
+        off = pa.py_buffer((offsets - offsets[0]).astype(np.int32))
+        typ = pa.string()
+    else:
+        off, typ = pa.py_buffer(offsets - offsets[0]), pa.large_string()
+    mask = None
+    if valid is not None and not valid.all():
+        mask = pa.array(valid).buffers()[1]
+    arr = pa.Array.from_buffers(typ, n, [mask, off, pa.py_buffer(data[offsets[0]:offsets[-1]])])
+    return arr.cast(pa.string()) if typ != pa.string() else arr
+
+
+def as_bits(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(uint64 bit patterns, valid) of a fixed-width array, as the key encoding stores them."""
+    v, valid = values(arr)
+    if v.dtype == np.float64 or v.dtype == np.float32:
+        v = v.astype(np.float64) + 0.0  # -0.0 -> 0.0 so they group together
+        return v.view(np.uint64), valid
+    return v.astype(np.int64).view(np.uint64), valid
+
+
+def from_bits(bits: np.ndarray, valid: np.ndarray, type_name: str) -> pa.Array:
+    """Inverse of :func:`as_bits` for a field of ``type_name``."""
+    if type_name.startswith("float"):
+        v = bits.view(np.float64)
+    elif type_name == "bool":
+        v = bits.astype(np.bool_)
+    else:
+        v = bits.view(np.int64)
+    return pa.array(v, mask=~valid).cast(TYPES[type_name])
+
+
+def encode_keys(batch: pa.RecordBatch, fields: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row encoded key bytes of ``fields``: (offsets, bytes), see :mod:`sparkcep.core.hashing`."""
+    cols = [batch.column(f) for f in fields]
+    if is_raw_key([c.type for c in cols]):
+        offsets, data, valid = strings(cols[0])
+        if cols[0].null_count:
+            return hashing.write_raw_nullable(offsets, data, valid)
+        return offsets, data
+    n = batch.num_rows
+    lengths = np.zeros(n, np.int64)
+    views = []
+    for c in cols:
+        if pa.types.is_string(c.type):
+            views.append(strings(c))
+            hashing.string_lengths(lengths, views[-1][0])
+        else:
+            views.append(as_bits(c))
+            hashing.fixed_lengths(lengths)
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    out = np.empty(offsets[-1], np.uint8)
+    cursor = offsets[:-1].copy()
+    for v in views:
+        if len(v) == 3:
+            hashing.write_string(out, cursor, v[0], v[1], v[2])
+        else:
+            hashing.write_fixed(out, cursor, v[0], v[1])
+    return offsets, out
+
+
+def is_raw_key(types: list) -> bool:
+    """A single string field is encoded raw (its bytes as they are)."""
+    return len(types) == 1 and (types[0] == "string" or types[0] == pa.string())
+
+
+def decode_keys(arena: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
+                fields: dict[str, str]) -> list[pa.Array]:
+    """Arrow columns of the key ``fields`` of encoded keys stored in ``arena``."""
+    types = list(fields.values())
+    if is_raw_key(types):
+        offsets, data = hashing.gather_ranges(arena, starts, lengths)
+        valid = ~((lengths == 1) & (arena[starts] == hashing.NULL_BYTE)) if len(starts) else np.ones(0, np.bool_)
+        return [string_array(offsets, data, valid)]
+    kinds = np.array([KIND_STRING if t == "string" else KIND_FIXED for t in types], np.int64)
+    out = []
+    for j, t in enumerate(types):
+        if t == "string":
+            off, data, valid = hashing.read_string(arena, starts, kinds, j)
+            out.append(string_array(off, data, valid))
+        else:
+            bits, valid = hashing.read_fixed(arena, starts, kinds, j)
+            out.append(from_bits(bits, valid, t))
+    return out

@@ -1,0 +1,187 @@
+"""Key encoding and hashing kernels.
+
+A composite key (one or more fields) is encoded per row into bytes, so one
+hash function, one comparison and one hash table serve every key shape. A
+single non-null string key is used as is (its Arrow bytes, zero copy); other
+keys use, per field, a null flag byte then either 8 value bytes (numbers,
+bools, timestamps) or a 4-byte length and the string bytes. The route-key
+balancer and stateful operators hash the same encoding, so a tuple's bin is
+the same wherever it is computed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+FNV_OFFSET = np.uint64(0xCBF29CE484222325)
+FNV_PRIME = np.uint64(0x100000001B3)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _mix(h):
+    # splitmix64 finaliser: spreads FNV's weak low bits before masking into bins/slots
+    h ^= h >> np.uint64(30)
+    h *= np.uint64(0xBF58476D1CE4E5B9)
+    h ^= h >> np.uint64(27)
+    h *= np.uint64(0x94D049BB133111EB)
+    h ^= h >> np.uint64(31)
+    return h
+
+
+@njit(nogil=True, cache=True)
+def hash_range(data, start, end):
+    h = FNV_OFFSET
+    for i in range(start, end):
+        h = (h ^ np.uint64(data[i])) * FNV_PRIME
+    return _mix(h)
+
+
+@njit(nogil=True, cache=True)
+def hash_rows(offsets, data):
+    """64-bit hash of each encoded key."""
+    n = len(offsets) - 1
+    out = np.empty(n, np.uint64)
+    for i in range(n):
+        out[i] = hash_range(data, offsets[i], offsets[i + 1])
+    return out
+
+
+@njit(nogil=True, cache=True)
+def bins_of(hashes, mask):
+    """Bin (route-key bucket) of each hash: the low bits, ``mask`` = bins - 1."""
+    out = np.empty(len(hashes), np.int64)
+    for i in range(len(hashes)):
+        out[i] = np.int64(hashes[i] & np.uint64(mask))
+    return out
+
+
+@njit(nogil=True, cache=True)
+def fixed_lengths(lengths):
+    for i in range(len(lengths)):
+        lengths[i] += 9
+
+
+@njit(nogil=True, cache=True)
+def string_lengths(lengths, offsets):
+    for i in range(len(lengths)):
+        lengths[i] += 5 + offsets[i + 1] - offsets[i]
+
+
+@njit(nogil=True, cache=True)
+def write_fixed(out, cursor, bits, valid):
+    """Append a null flag and the 8 bytes of ``bits[i]`` at ``cursor[i]`` (advanced)."""
+    for i in range(len(bits)):
+        c = cursor[i]
+        ok = valid[i]
+        out[c] = 1 if ok else 0
+        v = bits[i] if ok else np.uint64(0)
+        for k in range(8):
+            out[c + 1 + k] = np.uint8((v >> np.uint64(8 * k)) & np.uint64(0xFF))
+        cursor[i] = c + 9
+
+
+@njit(nogil=True, cache=True)
+def write_string(out, cursor, offsets, data, valid):
+    for i in range(len(cursor)):
+        c = cursor[i]
+        ok = valid[i]
+        s, e = offsets[i], offsets[i + 1]
+        n = e - s if ok else 0
+        out[c] = 1 if ok else 0
+        for k in range(4):
+            out[c + 1 + k] = np.uint8((n >> (8 * k)) & 0xFF)
+        for k in range(n):
+            out[c + 5 + k] = data[s + k]
+        cursor[i] = c + 5 + n
+
+
+@njit(nogil=True, cache=True)
+def read_fixed(arena, starts, skip_kinds, col):
+    """Decode field ``col`` (fixed width) of keys starting at ``starts``: (bits, valid)."""
+    n = len(starts)
+    bits = np.zeros(n, np.uint64)
+    valid = np.zeros(n, np.bool_)
+    for i in range(n):
+        c = _skip(arena, starts[i], skip_kinds, col)
+        valid[i] = arena[c] == 1
+        v = np.uint64(0)
+        for k in range(8):
+            v |= np.uint64(arena[c + 1 + k]) << np.uint64(8 * k)
+        bits[i] = v
+    return bits, valid
+
+
+@njit(nogil=True, cache=True)
+def read_string(arena, starts, skip_kinds, col):
+    """Decode string field ``col`` of keys starting at ``starts``: (offsets, data, valid)."""
+    n = len(starts)
+    offsets = np.zeros(n + 1, np.int64)
+    valid = np.zeros(n, np.bool_)
+    total = 0
+    for i in range(n):
+        c = _skip(arena, starts[i], skip_kinds, col)
+        ln = 0
+        for k in range(4):
+            ln |= np.int64(arena[c + 1 + k]) << (8 * k)
+        valid[i] = arena[c] == 1
+        total += ln
+        offsets[i + 1] = total
+    data = np.empty(total, np.uint8)
+    for i in range(n):
+        c = _skip(arena, starts[i], skip_kinds, col)
+        s = offsets[i]
+        for k in range(offsets[i + 1] - s):
+            data[s + k] = arena[c + 5 + k]
+    return offsets, data, valid
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _skip(arena, c, kinds, col):
+    for j in range(col):
+        if kinds[j] == 0:
+            c += 9
+        else:
+            ln = 0
+            for k in range(4):
+                ln |= np.int64(arena[c + 1 + k]) << (8 * k)
+            c += 5 + ln
+    return c
+
+
+NULL_BYTE = 0xFF  # a raw string key that is null: one 0xFF byte, never valid UTF-8
+
+
+@njit(nogil=True, cache=True)
+def write_raw_nullable(offsets, data, valid):
+    """Raw encoding of a single string key column holding nulls."""
+    n = len(valid)
+    out_off = np.zeros(n + 1, np.int64)
+    for i in range(n):
+        out_off[i + 1] = out_off[i] + (offsets[i + 1] - offsets[i] if valid[i] else 1)
+    out = np.empty(out_off[n], np.uint8)
+    for i in range(n):
+        d = out_off[i]
+        if valid[i]:
+            s = offsets[i]
+            for k in range(offsets[i + 1] - s):
+                out[d + k] = data[s + k]
+        else:
+            out[d] = NULL_BYTE
+    return out_off, out
+
+
+@njit(nogil=True, cache=True)
+def gather_ranges(data, starts, lengths):
+    """Offsets and bytes of the byte ranges ``data[starts[i]:starts[i]+lengths[i]]``."""
+    n = len(starts)
+    out_off = np.zeros(n + 1, np.int64)
+    for i in range(n):
+        out_off[i + 1] = out_off[i] + lengths[i]
+    out = np.empty(out_off[n], np.uint8)
+    for i in range(n):
+        s = starts[i]
+        d = out_off[i]
+        for k in range(lengths[i]):
+            out[d + k] = data[s + k]
+    return out_off, out

@@ -1,0 +1,108 @@
+"""Turn what a user sends into a validated Arrow batch of a stream's schema.
+
+Accepts a pyarrow Table/RecordBatch, a pandas DataFrame or a dict of columns.
+A batch is checked whole before anything of it is applied: a missing or
+unknown field, a value of the wrong type or a null event time raises
+:class:`~sparkcep.errors.InputError` naming the stream, field and row.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from sparkcep.errors import InputError
+from sparkcep.schema import Schema, type_name
+
+# Widening casts accepted without complaint; anything else must match exactly.
+_SAFE = {("int32", "int64"), ("int32", "float64"), ("int64", "float64"), ("float32", "float64"),
+         ("int32", "float32"), ("float64", "float32"), ("int64", "int32")}
+
+
+def to_batch(stream: str, schema: Schema, data, time_field: str | None) -> pa.RecordBatch:
+    """The validated batch (visible fields only) for ``data`` sent into ``stream``."""
+    columns = _columns(stream, data)
+    names = list(columns)
+    unknown = [n for n in names if n not in schema.fields]
+    if unknown:
+        raise InputError(f"stream {stream!r}: unknown field {unknown[0]!r}; the stream's fields are {schema.names}",
+                         "UNKNOWN_FIELD")
+    missing = [n for n in schema.names if n not in columns]
+    if missing:
+        raise InputError(f"stream {stream!r}: field {missing[0]!r} ({schema.fields[missing[0]]}) is missing",
+                         "MISSING_FIELD")
+    lengths = {len(c) for c in columns.values()}
+    if len(lengths) > 1:
+        raise InputError(f"stream {stream!r}: columns have different lengths {sorted(lengths)}", "LENGTH")
+    arrays = [_convert(stream, name, t, columns[name]) for name, t in schema.fields.items()]
+    batch = pa.RecordBatch.from_arrays(arrays, schema=schema.to_arrow())
+    if time_field is not None and batch.column(time_field).null_count:
+        row = int(np.flatnonzero(~batch.column(time_field).is_valid().to_numpy(zero_copy_only=False))[0])
+        raise InputError(f"stream {stream!r}: event-time field {time_field!r} is null at row {row}; "
+                         "every tuple needs an event time", "NULL_TIME")
+    return batch
+
+
+def _columns(stream: str, data) -> dict:
+    if isinstance(data, pa.RecordBatch):
+        return {n: data.column(i) for i, n in enumerate(data.schema.names)}
+    if isinstance(data, pa.Table):
+        return {n: data.column(i).combine_chunks() for i, n in enumerate(data.schema.names)}
+    if isinstance(data, dict):
+        return dict(data)
+    if type(data).__name__ == "DataFrame" and hasattr(data, "columns"):
+        return {str(c): data[c] for c in data.columns}
+    raise InputError(f"stream {stream!r}: cannot send a {type(data).__name__}; send a pyarrow Table or "
+                     "RecordBatch, a pandas DataFrame or a dict of columns", "BAD_DATA")
+
+
+def _convert(stream: str, field: str, want: str, values) -> pa.Array:
+    target = pa.schema([(field, _arrow(want))]).field(0).type
+    try:
+        arr = values if isinstance(values, pa.Array) else pa.array(values, from_pandas=True)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as e:
+        arr = _convert_explicit(stream, field, want, values, target, e)
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if arr.type == target:
+        return arr
+    if pa.types.is_null(arr.type):
+        return pa.nulls(len(arr), target)
+    try:
+        got = type_name(arr.type)
+    except Exception:
+        got = str(arr.type)
+    if (got, want) in _SAFE or (got == want):
+        try:
+            return arr.cast(target, safe=True)
+        except pa.ArrowInvalid as e:
+            raise InputError(f"stream {stream!r}: field {field!r}: cannot convert {got} to {want}: {e}", "TYPE") from None
+    raise InputError(f"stream {stream!r}: field {field!r} expects {want}, got {got}"
+                     + _first_bad(values, target), "TYPE")
+
+
+def _convert_explicit(stream, field, want, values, target, error):
+    try:
+        return pa.array(values, type=target, from_pandas=True)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError):
+        raise InputError(f"stream {stream!r}: field {field!r} expects {want}: {error}"
+                         + _first_bad(values, target), "TYPE") from None
+
+
+def _first_bad(values, target) -> str:
+    """' (first bad value at row i: v)' — only on the error path, so a Python loop is fine."""
+    try:
+        items = values.to_pylist() if isinstance(values, pa.Array) else list(values)
+    except Exception:
+        return ""
+    for i, v in enumerate(items):
+        try:
+            pa.array([v], type=target, from_pandas=True)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError):
+            return f" (row {i}: {v!r})"
+    return ""
+
+
+def _arrow(name: str) -> pa.DataType:
+    from sparkcep.schema import TYPES
+    return TYPES[name]

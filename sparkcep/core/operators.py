@@ -1,0 +1,240 @@
+"""Physical operators: what runs inside a sub-query instance.
+
+Stateless operators transform each batch as it comes. Stateful operators
+buffer their input and, at each progress point, consume the rows up to the
+progress frontier in sequence order and fire what the watermark closed; so
+their results never depend on arrival order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from sparkcep.core import columns
+from sparkcep.core.aggregate import WindowAggregate
+from sparkcep.core.evaluate import evaluate, to_arrow
+from sparkcep.core.hashing import hash_rows
+from sparkcep.core.join import WindowJoin
+from sparkcep.errors import QueryError
+from sparkcep.query import operators as logical
+from sparkcep.query.windows import TimeWindow
+
+WM_END = np.iinfo(np.int64).max  # the watermark of an ended input
+WM_NONE = np.iinfo(np.int64).min  # the watermark of an input that has sent nothing yet
+
+
+class PhysicalOperator:
+    def __init__(self, op: logical.Operator):
+        self.op = op
+
+    def process(self, port: int, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+        raise NotImplementedError
+
+    def advance(self, frontier: int, watermark: int) -> list[pa.RecordBatch]:
+        """Progress: every row with sequence number <= ``frontier`` has arrived."""
+        return []
+
+    def output_watermark(self, watermark: int) -> int:
+        return watermark
+
+
+class MapOp(PhysicalOperator):
+    def process(self, port, batch):
+        n, schema = batch.num_rows, self.op.inputs[0].schema
+        cols = [to_arrow(*evaluate(e, batch, schema), self.op.schema.fields[name], n)
+                for name, e in self.op.fields.items()]
+        cols += [batch.column(h) for h in columns.HIDDEN]
+        return [pa.RecordBatch.from_arrays(cols, names=self.op.schema.names + list(columns.HIDDEN))]
+
+
+class FilterOp(PhysicalOperator):
+    def process(self, port, batch):
+        value, valid = evaluate(self.op.condition, batch, self.op.schema)
+        keep = value & valid
+        if keep.all():
+            return [batch]
+        return [batch.filter(pa.array(keep))] if keep.any() else []
+
+
+class UnionOp(PhysicalOperator):
+    def process(self, port, batch):
+        return [batch]
+
+
+class ApplyOp(PhysicalOperator):
+    """Runs a user's ``fn(batch) -> batch``; the batch carries the engine's hidden columns."""
+
+    def process(self, port, batch):
+        out = self.op.fn(batch)
+        if out is None:
+            return []
+        if isinstance(out, pa.Table):
+            out = out.combine_chunks().to_batches()[0] if out.num_rows else None
+            if out is None:
+                return []
+        if not isinstance(out, pa.RecordBatch):
+            raise QueryError(f"apply({self.op.name}): the function returned {type(out).__name__}, expected a pyarrow.RecordBatch")
+        want = self.op.schema.names + list(columns.HIDDEN)
+        missing = [c for c in want if c not in out.schema.names]
+        if missing:
+            raise QueryError(f"apply({self.op.name}): the returned batch lacks {missing}; keep the input's "
+                             f"hidden columns {list(columns.HIDDEN)} (filter/take/append_column keep them)")
+        return [out.select(want).cast(pa.schema([(n, t) for n, t in zip(want, self.op.schema.to_arrow().types +
+                                                  [pa.int64()] * 3)]))]
+
+
+class StatefulOp(PhysicalOperator):
+    """Buffers input per port; at progress consumes it in sequence order, then fires."""
+
+    def __init__(self, op, bins: int):
+        super().__init__(op)
+        self.bins = bins
+        self.pending: list[list[pa.RecordBatch]] = [[] for _ in op.inputs]
+
+    def process(self, port, batch):
+        if batch.num_rows:
+            self.pending[port].append(batch)
+        return []
+
+    def advance(self, frontier, watermark):
+        out = []
+        for port, batches in enumerate(self.pending):
+            if batches:
+                ready, self.pending[port] = _take_ready(batches, frontier)
+                if ready is not None:
+                    out += self.consume(port, ready)
+        return out + self.fire(None if watermark >= WM_END else watermark)
+
+    def consume(self, port: int, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+        raise NotImplementedError
+
+    def fire(self, watermark: int | None) -> list[pa.RecordBatch]:
+        return []
+
+    def extract(self, bin: int):
+        raise NotImplementedError
+
+    def install(self, state) -> None:
+        raise NotImplementedError
+
+
+class AggregateOp(StatefulOp):
+    def __init__(self, op: logical.Aggregate, bins: int):
+        super().__init__(op, bins)
+        self.agg = WindowAggregate(op.window, op.by, op.funcs, op.inputs[0].schema, op.schema, bins)
+
+    def consume(self, port, batch):
+        return self.agg.add(batch)
+
+    def fire(self, watermark):
+        return self.agg.fire(watermark)
+
+    def output_watermark(self, watermark):
+        w = self.op.window
+        return watermark - w.lateness_us if isinstance(w, TimeWindow) and WM_NONE < watermark < WM_END else watermark
+
+    @property
+    def late(self) -> int:
+        return self.agg.late
+
+    def extract(self, bin):
+        return self.agg.extract(bin)
+
+    def install(self, state):
+        self.agg.install(state)
+
+
+class JoinOp(StatefulOp):
+    def __init__(self, op: logical.Join, bins: int):
+        super().__init__(op, bins)
+        self.join = WindowJoin(op, bins)
+
+    def consume(self, port, batch):
+        self.join.add(port, batch)
+        return []
+
+    def fire(self, watermark):
+        return self.join.fire(watermark)
+
+    def output_watermark(self, watermark):
+        return watermark - self.op.window.lateness_us if WM_NONE < watermark < WM_END else watermark
+
+    @property
+    def late(self) -> int:
+        return self.join.late
+
+    def extract(self, bin):
+        return self.join.extract(bin)
+
+    def install(self, state):
+        self.join.install(state)
+
+
+class CustomOp(StatefulOp):
+    """A user's :class:`~sparkcep.query.operators.StatefulOperator`, its state a dict bin -> value."""
+
+    def __init__(self, op: logical.Custom, bins: int):
+        super().__init__(op, bins)
+        self.state: dict = {}
+        self.user = op.op
+        self._seq = self._ts = 0
+
+    def consume(self, port, batch):
+        if self.op.by:
+            h = hash_rows(*columns.encode_keys(batch, self.op.by))
+            b = (h & np.uint64(self.bins - 1)).astype(np.int64)
+        else:
+            b = np.zeros(batch.num_rows, np.int64)
+        self._seq = max(self._seq, int(batch.column(columns.SEQ).to_numpy().max()))
+        self._ts = max(self._ts, int(batch.column(columns.TS).to_numpy().max()))
+        visible = batch.select(self.op.inputs[0].schema.names)
+        return self._stamp(self.user.process(visible, b, self.state))
+
+    def fire(self, watermark):
+        out = self.user.on_end(self.state) if watermark is None else self.user.on_watermark(watermark, self.state)
+        return self._stamp(out)
+
+    def _stamp(self, out) -> list[pa.RecordBatch]:
+        if out is None or out.num_rows == 0:
+            return []
+        if isinstance(out, pa.Table):
+            out = out.combine_chunks().to_batches()[0]
+        n = out.num_rows
+        out = out.select(self.op.schema.names).cast(self.op.schema.to_arrow())
+        for name, v in ((columns.SEQ, self._seq), (columns.TS, self._ts), (columns.WM, self._ts)):
+            out = out.append_column(name, pa.array(np.full(n, v, np.int64)))
+        return [out]
+
+    def extract(self, bin):
+        return {bin: self.state.pop(bin)} if bin in self.state else {}
+
+    def install(self, state):
+        self.state.update(state)
+
+
+def _take_ready(batches: list[pa.RecordBatch], frontier: int):
+    """(rows with seq <= frontier sorted by seq, the remaining batches)."""
+    batch = batches[0] if len(batches) == 1 else pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
+    seq = batch.column(columns.SEQ).to_numpy()
+    rest: list[pa.RecordBatch] = []
+    if seq.size and seq.max() > frontier:
+        keep = seq <= frontier
+        rest = [batch.filter(pa.array(~keep))]
+        batch = batch.filter(pa.array(keep))
+        seq = batch.column(columns.SEQ).to_numpy()
+    if batch.num_rows == 0:
+        return None, rest
+    if seq.size > 1 and (np.diff(seq) < 0).any():
+        batch = batch.take(pa.array(np.argsort(seq, kind="stable")))
+    return batch, rest
+
+
+PHYSICAL = {logical.Map: MapOp, logical.Filter: FilterOp, logical.Union: UnionOp, logical.Apply: ApplyOp}
+STATEFUL = {logical.Aggregate: AggregateOp, logical.Join: JoinOp, logical.Custom: CustomOp}
+
+
+def physical(op: logical.Operator, bins: int) -> PhysicalOperator:
+    if type(op) in STATEFUL:
+        return STATEFUL[type(op)](op, bins)
+    return PHYSICAL[type(op)](op)

@@ -1,0 +1,65 @@
+"""One instance of a sub-query: its operators wired together in one process."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from sparkcep.core.operators import PhysicalOperator, StatefulOp, physical
+from sparkcep.query.planner import Edge, Plan, SubQuery
+
+
+class SubQueryInstance:
+    """Runs the operators of ``sq``; returns what leaves it, per exiting operator name.
+
+    ``exits`` are the operators whose output another sub-query or a query
+    output consumes.
+    """
+
+    def __init__(self, plan: Plan, sq: SubQuery, index: int, bins: int):
+        self.sq, self.index = sq, index
+        self.ops: dict[str, PhysicalOperator] = {op.name: physical(op, bins) for op in sq.operators}
+        mine = set(self.ops)
+        self.consumers: dict[str, list[tuple[str, int]]] = {name: [] for name in mine}
+        for op in sq.operators:
+            for port, src in enumerate(op.inputs):
+                if src.name in mine:
+                    self.consumers[src.name].append((op.name, port))
+        self.exits = {e.src.name for e in plan.edges() if e.src.name in mine}
+        self.exits |= {op.name for op in plan.query.outputs.values() if op.name in mine}
+
+    @property
+    def head(self) -> PhysicalOperator:
+        return self.ops[self.sq.head.name]
+
+    def process(self, edge: Edge, batch: pa.RecordBatch) -> list[tuple[str, pa.RecordBatch]]:
+        """Feed a batch arriving on ``edge``; returns (exiting operator, batch) pairs."""
+        out: list[tuple[str, pa.RecordBatch]] = []
+        self._push(edge.dst.name, edge.port, batch, out)
+        return out
+
+    def advance(self, frontier: int, watermark: int) -> list[tuple[str, pa.RecordBatch]]:
+        """Progress to (``frontier``, ``watermark``); a stateful head consumes and fires."""
+        out: list[tuple[str, pa.RecordBatch]] = []
+        name = self.sq.head.name
+        for b in self.head.advance(frontier, watermark):
+            self._emit(name, b, out)
+        return out
+
+    def output_watermark(self, watermark: int) -> int:
+        return self.head.output_watermark(watermark)
+
+    @property
+    def stateful(self) -> StatefulOp | None:
+        return self.head if isinstance(self.head, StatefulOp) else None
+
+    def _push(self, name: str, port: int, batch: pa.RecordBatch, out) -> None:
+        for b in self.ops[name].process(port, batch):
+            self._emit(name, b, out)
+
+    def _emit(self, name: str, batch: pa.RecordBatch, out) -> None:
+        if batch.num_rows == 0:
+            return
+        if name in self.exits:
+            out.append((name, batch))
+        for consumer, port in self.consumers[name]:
+            self._push(consumer, port, batch, out)

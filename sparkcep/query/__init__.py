@@ -1,0 +1,1 @@
+"""The query API: streams, operators, expressions, windows, aggregate functions, the planner."""

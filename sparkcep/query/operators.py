@@ -1,0 +1,309 @@
+"""Logical operators of a query and the :class:`Stream` handle users build with.
+
+Stateless: Map, Filter, Demux (one branch per condition), Union, Apply (a
+user function over a batch). Stateful, windowed: Aggregate, Join, and
+user-defined :class:`StatefulOperator` subclasses whose state is kept per bin.
+Each ``Stream`` method returns a new stream; the query records the graph.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+import pyarrow as pa
+
+from sparkcep.errors import QueryError, SchemaError
+from sparkcep.query.aggregates import AggFunc
+from sparkcep.query.expressions import Col, Expr, col
+from sparkcep.query.windows import TimeWindow, TupleWindow
+from sparkcep.schema import Schema, as_schema
+
+if TYPE_CHECKING:
+    from sparkcep.query.query import Query
+
+
+class Operator:
+    """A node of the query graph. ``stateful`` operators start a sub-query."""
+
+    kind = "operator"
+    stateful = False
+
+    def __init__(self, query: "Query", inputs: list["Operator"], schema: Schema, name: str | None):
+        self.query, self.inputs, self.schema = query, inputs, schema
+        self.name = query._register(self, name)
+
+    @property
+    def time_field(self) -> str | None:
+        return self.inputs[0].time_field if self.inputs else None
+
+    def describe(self) -> str:
+        return self.kind
+
+
+class Source(Operator):
+    kind = "source"
+
+    def __init__(self, query, name, schema: Schema, time: str | None):
+        self._time = time
+        super().__init__(query, [], schema, name)
+
+    @property
+    def time_field(self):
+        return self._time
+
+    def describe(self):
+        return f"source {self.name} ({', '.join(f'{n} {t}' for n, t in self.schema.fields.items())})"
+
+
+class Map(Operator):
+    kind = "map"
+
+    def __init__(self, query, source, fields: dict[str, Expr], name):
+        if not fields:
+            raise QueryError("map() needs at least one output field, e.g. map(ip='ip', kb=col('bytes') / 1024)")
+        self.fields = {k: (col(v) if isinstance(v, str) else v) for k, v in fields.items()}
+        for k, e in self.fields.items():
+            if not isinstance(e, Expr):
+                raise QueryError(f"map() field {k!r}: expected a field name or expression, got {e!r}")
+        schema = Schema({k: _nonnull_type(e.type(source.schema), k) for k, e in self.fields.items()})
+        super().__init__(query, [source], schema, name)
+
+    def describe(self):
+        return "map(" + ", ".join(f"{k}={e!r}" for k, e in self.fields.items()) + ")"
+
+
+class Filter(Operator):
+    kind = "filter"
+
+    def __init__(self, query, source, condition: Expr, name, label="filter"):
+        if not isinstance(condition, Expr) or condition.type(source.schema) != "bool":
+            raise QueryError(f"{label} condition must be a bool expression, got {condition!r}")
+        self.condition = condition
+        self.label = label
+        super().__init__(query, [source], source.schema, name)
+
+    def describe(self):
+        return f"{self.label}({self.condition!r})"
+
+
+class Union(Operator):
+    kind = "union"
+
+    def __init__(self, query, inputs, name):
+        for other in inputs[1:]:
+            if other.schema != inputs[0].schema:
+                raise SchemaError(f"union needs the same schema on every input: {inputs[0].schema} vs {other.schema}")
+        super().__init__(query, list(inputs), inputs[0].schema, name)
+
+    def describe(self):
+        return f"union({', '.join(i.name for i in self.inputs)})"
+
+
+class Apply(Operator):
+    """A user's stateless operator: ``fn(pyarrow.RecordBatch) -> pyarrow.RecordBatch``."""
+
+    kind = "apply"
+
+    def __init__(self, query, source, fn: Callable, schema, name):
+        if not callable(fn):
+            raise QueryError(f"apply() needs a function over a batch, got {fn!r}")
+        self.fn = fn
+        super().__init__(query, [source], as_schema(schema) if schema is not None else source.schema, name)
+
+    def describe(self):
+        return f"apply({getattr(self.fn, '__name__', 'fn')})"
+
+
+class Aggregate(Operator):
+    kind = "aggregate"
+    stateful = True
+
+    def __init__(self, query, source, window, by: list[str], funcs: dict[str, AggFunc], name):
+        if not isinstance(window, (TimeWindow, TupleWindow)):
+            raise QueryError(f"aggregate() needs a TimeWindow or TupleWindow, got {window!r}")
+        if isinstance(window, TimeWindow) and source.time_field is None:
+            raise QueryError(f"TimeWindow needs an event-time (timestamp) field; stream {source.name!r} has none")
+        if not funcs:
+            raise QueryError("aggregate() needs at least one function, e.g. n=cep.count()")
+        by = [by] if isinstance(by, str) else list(by)
+        for f in by:
+            source.schema.type_of(f, "aggregate by=")
+        fields = {"window_start": "int64" if isinstance(window, TupleWindow) else "timestamp",
+                  "window_end": "int64" if isinstance(window, TupleWindow) else "timestamp"}
+        fields.update({f: source.schema.fields[f] for f in by})
+        for out, fn in funcs.items():
+            if not isinstance(fn, AggFunc):
+                raise QueryError(f"aggregate() {out}=: expected cep.count()/sum()/..., got {fn!r}")
+            if out in fields:
+                raise QueryError(f"aggregate() output field {out!r} clashes with another output field")
+            fields[out] = fn.output_type(source.schema)
+        self.window, self.by, self.funcs = window, by, dict(funcs)
+        super().__init__(query, [source], Schema(fields), name)
+
+    @property
+    def time_field(self):
+        return "window_end" if isinstance(self.window, TimeWindow) else None
+
+    def describe(self):
+        fs = ", ".join(f"{k}={v!r}" for k, v in self.funcs.items())
+        return f"aggregate({self.window!r}, by={self.by}, {fs})"
+
+
+class Join(Operator):
+    kind = "join"
+    stateful = True
+
+    def __init__(self, query, left, right, window, on, where, name):
+        if not isinstance(window, TimeWindow):
+            raise QueryError(f"join() needs a TimeWindow, got {window!r}")
+        for side in (left, right):
+            if side.time_field is None:
+                raise QueryError(f"join() needs an event-time field on both inputs; {side.name!r} has none")
+        pairs = [] if on is None else [(on, on)] if isinstance(on, str) else \
+            [(p, p) if isinstance(p, str) else tuple(p) for p in on]
+        for lk, rk in pairs:
+            lt, rt = left.schema.type_of(lk, "join left"), right.schema.type_of(rk, "join right")
+            if lt != rt:
+                raise SchemaError(f"join key {lk!r} ({lt}) and {rk!r} ({rt}) have different types")
+        shared = {lk for lk, rk in pairs if lk == rk}
+        fields, self.left_names, self.right_names = {"window_start": "timestamp", "window_end": "timestamp"}, {}, {}
+        for n, t in left.schema.fields.items():
+            out = n if n in shared or n not in right.schema.fields else f"{n}_left"
+            self.left_names[n] = out
+            fields[out] = t
+        for n, t in right.schema.fields.items():
+            if n in shared:
+                continue
+            out = n if n not in left.schema.fields else f"{n}_right"
+            self.right_names[n] = out
+            fields[out] = t
+        schema = Schema(fields)
+        if where is not None and (not isinstance(where, Expr) or where.type(schema) != "bool"):
+            raise QueryError(f"join where= must be a bool expression over the output fields {schema.names}, got {where!r}")
+        self.window, self.on, self.where = window, pairs, where
+        super().__init__(query, [left, right], schema, name)
+
+    @property
+    def time_field(self):
+        return "window_end"
+
+    def describe(self):
+        on = ", ".join(l if l == r else f"{l}={r}" for l, r in self.on) or "-"
+        return f"join({self.window!r}, on=[{on}]" + (f", where={self.where!r})" if self.where is not None else ")")
+
+
+class StatefulOperator:
+    """Base for a user's stateful operator; the engine keeps its state per bin.
+
+    Subclass it and pass an instance to ``Stream.stateful(op, by=[...])``. The
+    engine routes tuples by ``by`` so one bin's tuples always reach the same
+    instance, and migration moves a bin's entry of ``state`` (a dict
+    ``bin -> any picklable value``) between instances.
+    """
+
+    #: the schema of the rows this operator emits
+    schema: "Schema | dict | str"
+
+    def process(self, batch: pa.RecordBatch, bins, state: dict) -> pa.RecordBatch | None:
+        """Called with each batch of input in sequence order; ``bins[i]`` is row i's bin."""
+        raise NotImplementedError
+
+    def on_watermark(self, watermark_us: int, state: dict) -> pa.RecordBatch | None:
+        """Called when the event-time watermark advances; default: nothing to emit."""
+        return None
+
+    def on_end(self, state: dict) -> pa.RecordBatch | None:
+        """Called at end of input; default: nothing to emit."""
+        return None
+
+
+class Custom(Operator):
+    kind = "custom"
+    stateful = True
+
+    def __init__(self, query, source, op: StatefulOperator, by, name):
+        if not isinstance(op, StatefulOperator):
+            raise QueryError(f"stateful() needs a StatefulOperator instance, got {op!r}")
+        self.op = op
+        self.by = [by] if isinstance(by, str) else list(by)
+        for f in self.by:
+            source.schema.type_of(f, "stateful by=")
+        super().__init__(query, [source], as_schema(op.schema), name)
+
+    def describe(self):
+        return f"stateful({type(self.op).__name__}, by={self.by})"
+
+
+class Stream:
+    """A stream of a query under construction; every method returns a new stream."""
+
+    def __init__(self, op: Operator):
+        self.op = op
+
+    @property
+    def schema(self) -> Schema:
+        return self.op.schema
+
+    @property
+    def name(self) -> str:
+        return self.op.name
+
+    def filter(self, condition: Expr, name: str | None = None) -> "Stream":
+        """Keep the tuples where ``condition`` is true (null counts as false)."""
+        return Stream(Filter(self.op.query, self.op, condition, name))
+
+    def map(self, name: str | None = None, **fields) -> "Stream":
+        """Project to exactly ``fields``: each a source field name or an expression."""
+        return Stream(Map(self.op.query, self.op, fields, name))
+
+    def demux(self, *conditions: Expr, name: str | None = None) -> tuple["Stream", ...]:
+        """One stream per condition; a tuple goes to every branch whose condition holds."""
+        if not conditions:
+            raise QueryError("demux() needs at least one condition")
+        base = name or self.op.query._fresh("demux")
+        return tuple(Stream(Filter(self.op.query, self.op, c, f"{base}[{i}]", label=f"demux[{i}]"))
+                     for i, c in enumerate(conditions))
+
+    def union(self, *others: "Stream", name: str | None = None) -> "Stream":
+        """All tuples of this stream and ``others`` (same schema required)."""
+        return Stream(Union(self.op.query, [self.op] + [o.op for o in _streams(others, self)], name))
+
+    def apply(self, fn: Callable, schema=None, name: str | None = None) -> "Stream":
+        """A user's stateless operator: ``fn(batch) -> batch`` (``schema``: its output schema)."""
+        return Stream(Apply(self.op.query, self.op, fn, schema, name))
+
+    def aggregate(self, window, by=(), name: str | None = None, **funcs: AggFunc) -> "Stream":
+        """Windowed aggregation: one row per window and group, see :mod:`sparkcep.query.aggregates`."""
+        return Stream(Aggregate(self.op.query, self.op, window, by, funcs, name))
+
+    def join(self, other: "Stream", window: TimeWindow, on=None, where: Expr | None = None,
+             name: str | None = None) -> "Stream":
+        """Windowed join: pairs sharing a window instance whose keys are equal and ``where`` holds."""
+        (other,) = _streams([other], self)
+        return Stream(Join(self.op.query, self.op, other.op, window, on, where, name))
+
+    def stateful(self, op: StatefulOperator, by=(), name: str | None = None) -> "Stream":
+        """A user's stateful operator, its state kept per bin of ``by``."""
+        return Stream(Custom(self.op.query, self.op, op, by, name))
+
+    def __repr__(self):
+        return f"Stream({self.name!r}, {self.schema})"
+
+
+def _streams(others, me: Stream) -> list[Stream]:
+    for o in others:
+        if not isinstance(o, Stream):
+            raise QueryError(f"expected a Stream, got {o!r}")
+        if o.op.query is not me.op.query:
+            raise QueryError(f"stream {o.name!r} belongs to another query")
+    return list(others)
+
+
+def _nonnull_type(t: str, field: str) -> str:
+    if t == "null":
+        raise SchemaError(f"map() field {field!r} is a bare null literal; its type is unknown")
+    return t
+
+
+__all__ = ["Operator", "Source", "Map", "Filter", "Union", "Apply", "Aggregate", "Join",
+           "Custom", "StatefulOperator", "Stream", "Col"]

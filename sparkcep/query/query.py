@@ -1,0 +1,70 @@
+"""A continuous query: named input streams, operators, named outputs."""
+
+from __future__ import annotations
+
+import itertools
+
+from sparkcep.errors import QueryError, SchemaError
+from sparkcep.query.operators import Operator, Source, Stream
+from sparkcep.schema import as_schema
+
+
+class Query:
+    """Build a query by declaring streams and chaining operators on them.
+
+    >>> import sparkcep as cep
+    >>> q = cep.Query("demo")
+    >>> s = q.stream("events", "k string, ts timestamp, v int64")
+    >>> q.output("big", s.filter(cep.col("v") > 10))
+    """
+
+    def __init__(self, name: str):
+        if not isinstance(name, str) or not name:
+            raise QueryError(f"a query needs a non-empty name, got {name!r}")
+        self.name = name
+        self.operators: list[Operator] = []
+        self.sources: dict[str, Source] = {}
+        self.outputs: dict[str, Operator] = {}
+        self._counter = itertools.count(1)
+        self._names: set[str] = set()
+
+    def stream(self, name: str, schema, time: str | None = None) -> Stream:
+        """Declare input stream ``name``; its event time is ``time`` or its first timestamp field."""
+        if name in self.sources:
+            raise QueryError(f"stream {name!r} is declared twice in query {self.name!r}")
+        schema = as_schema(schema)
+        if time is not None and schema.type_of(time, f"stream {name!r}") != "timestamp":
+            raise SchemaError(f"time field {time!r} of stream {name!r} must be a timestamp, it is {schema.fields[time]}")
+        src = Source(self, name, schema, time or schema.time_field())
+        self.sources[name] = src
+        return Stream(src)
+
+    def output(self, name: str, stream: Stream) -> None:
+        """Publish ``stream`` as the output stream ``name`` (read with Engine.collect/subscribe)."""
+        if not isinstance(stream, Stream) or stream.op.query is not self:
+            raise QueryError(f"output {name!r}: expected a stream of query {self.name!r}, got {stream!r}")
+        if name in self.outputs or name in self.sources:
+            raise QueryError(f"output name {name!r} is already used in query {self.name!r}")
+        self.outputs[name] = stream.op
+
+    def explain(self) -> str:
+        """The sub-queries, their operators and the balancer on each edge between them."""
+        from sparkcep.query.planner import plan
+        return plan(self).explain()
+
+    def _register(self, op: Operator, name: str | None) -> str:
+        name = name or self._fresh(op.kind)
+        if name in self._names:
+            raise QueryError(f"operator name {name!r} is used twice in query {self.name!r}")
+        self._names.add(name)
+        self.operators.append(op)
+        return name
+
+    def _fresh(self, kind: str) -> str:
+        while True:
+            name = f"{kind}{next(self._counter)}"
+            if name not in self._names:
+                return name
+
+    def __repr__(self):
+        return f"Query({self.name!r}, streams={list(self.sources)}, outputs={list(self.outputs)})"

@@ -1,0 +1,71 @@
+"""Window specifications: time windows (event time) and tuple windows (per group)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+
+from sparkcep.errors import QueryError
+
+_UNITS_US = {"us": 1, "ms": 1_000, "s": 1_000_000, "m": 60_000_000, "min": 60_000_000,
+             "h": 3_600_000_000, "d": 86_400_000_000}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(us|ms|s|min|m|h|d)\s*$")
+
+
+def duration_us(value, what: str = "duration") -> int:
+    """Microseconds in ``"30s"``, ``"500ms"``, ``"5m"``, a timedelta or a number of seconds."""
+    if isinstance(value, dt.timedelta):
+        us = value // dt.timedelta(microseconds=1)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        us = int(round(value * 1_000_000))
+    elif isinstance(value, str) and (m := _DURATION.match(value)):
+        us = int(round(float(m.group(1)) * _UNITS_US[m.group(2)]))
+    else:
+        raise QueryError(f"cannot read {what} {value!r}; write e.g. '10s', '500ms', '5m' or a timedelta")
+    return us
+
+
+class TimeWindow:
+    """Event-time window ``[start, start+size)``, starts aligned to multiples of ``advance``.
+
+    Tumbling when ``advance`` is omitted, sliding when it is smaller than
+    ``size``. ``lateness`` is how far behind the largest event time seen a
+    tuple may arrive and still be counted (default 0).
+
+    >>> TimeWindow("30s", advance="10s").advance_us
+    10000000
+    """
+
+    def __init__(self, size, advance=None, lateness=0):
+        self.size_us = duration_us(size, "window size")
+        self.advance_us = self.size_us if advance is None else duration_us(advance, "window advance")
+        self.lateness_us = duration_us(lateness, "lateness")
+        if self.size_us <= 0 or self.advance_us <= 0:
+            raise QueryError(f"window size and advance must be positive, got {size!r} and {advance!r}")
+        if self.advance_us > self.size_us:
+            raise QueryError(f"window advance {advance!r} is larger than its size {size!r}: tuples would fall between windows")
+        if self.lateness_us < 0:
+            raise QueryError(f"lateness must not be negative, got {lateness!r}")
+
+    def __repr__(self) -> str:
+        return f"TimeWindow(size={self.size_us}us, advance={self.advance_us}us, lateness={self.lateness_us}us)"
+
+
+class TupleWindow:
+    """Count window over the tuples of each group, in source sequence order.
+
+    Window ``k`` of a group holds the tuples at ordinal positions
+    ``[k*advance, k*advance + size)``; only full windows are emitted.
+    """
+
+    def __init__(self, size: int, advance: int | None = None):
+        self.size = size
+        self.advance = size if advance is None else advance
+        for name, v in (("size", self.size), ("advance", self.advance)):
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise QueryError(f"TupleWindow {name} must be a positive int, got {v!r}")
+        if self.advance > self.size:
+            raise QueryError(f"TupleWindow advance {self.advance} is larger than its size {self.size}")
+
+    def __repr__(self) -> str:
+        return f"TupleWindow(size={self.size}, advance={self.advance})"

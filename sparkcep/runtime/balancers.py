@@ -1,0 +1,87 @@
+"""Balancers (UPM-CEP §4.1): how one edge spreads batches over the target's instances.
+
+* point-to-point: one target instance gets everything;
+* round-robin: batches (large ones cut into slices) rotate over the instances;
+* route-key: hash of the key fields -> bin -> instance through the bin table,
+  the table migration changes at run time;
+* broadcast: every instance gets every batch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from sparkcep.core import columns
+from sparkcep.core.hashing import hash_rows
+from sparkcep.query.planner import BROADCAST, POINT_TO_POINT, ROUND_ROBIN, ROUTE_KEY, Edge
+
+SLICE_ROWS = 16_384  # round-robin cuts batches into slices of at most this many rows
+
+
+class Balancer:
+    def __init__(self, instances: int):
+        self.instances = instances
+
+    def split(self, batch: pa.RecordBatch) -> list[tuple[int, pa.RecordBatch]]:
+        """(target instance, rows) pairs covering the batch."""
+        raise NotImplementedError
+
+
+class PointToPoint(Balancer):
+    def split(self, batch):
+        return [(0, batch)]
+
+
+class RoundRobin(Balancer):
+    def __init__(self, instances: int):
+        super().__init__(instances)
+        self.next = 0
+
+    def split(self, batch):
+        out = []
+        for start in range(0, max(batch.num_rows, 1), SLICE_ROWS):
+            out.append((self.next, batch.slice(start, SLICE_ROWS)))
+            self.next = (self.next + 1) % self.instances
+        return out
+
+
+class Broadcast(Balancer):
+    def split(self, batch):
+        return [(i, batch) for i in range(self.instances)]
+
+
+class RouteKey(Balancer):
+    """Routes by ``bin = hash(key fields) & (bins - 1)`` and ``instance = table[bin]``."""
+
+    def __init__(self, instances: int, keys: list[str], bins: int):
+        super().__init__(instances)
+        self.keys, self.bins = keys, bins
+        # contiguous bin ranges per instance, as Megaphone starts out
+        self.table = (np.arange(bins) * instances // bins).astype(np.int64)
+
+    def bins_of(self, batch: pa.RecordBatch) -> np.ndarray:
+        h = hash_rows(*columns.encode_keys(batch, self.keys))
+        return (h & np.uint64(self.bins - 1)).astype(np.int64)
+
+    def split(self, batch):
+        target = self.table[self.bins_of(batch)]
+        if (target == target[0]).all():
+            return [(int(target[0]), batch)]
+        order = np.argsort(target, kind="stable")
+        sorted_batch = batch.take(pa.array(order))
+        bounds = np.searchsorted(target[order], np.arange(self.instances + 1))
+        return [(i, sorted_batch.slice(bounds[i], bounds[i + 1] - bounds[i]))
+                for i in range(self.instances) if bounds[i + 1] > bounds[i]]
+
+
+def balancer_for(edge: Edge, instances: int, bins: int) -> Balancer:
+    """The balancer of ``edge`` into a sub-query running ``instances`` instances."""
+    if edge.balancer == BROADCAST:
+        return Broadcast(instances)
+    if instances == 1 or edge.balancer == POINT_TO_POINT:
+        return PointToPoint(instances)
+    if edge.balancer == ROUTE_KEY:
+        return RouteKey(instances, edge.keys, bins)
+    assert edge.balancer == ROUND_ROBIN, edge.balancer
+    return RoundRobin(instances)
