@@ -13,7 +13,7 @@ from sparkcep.query.expressions import col, lit
 from sparkcep.query.operators import StatefulOperator, Stream
 from sparkcep.query.query import Query
 from sparkcep.query.windows import TimeWindow, TupleWindow
-from sparkcep.runtime.engine import Engine
+from sparkcep.engine import Engine
 from sparkcep.schema import Schema
 
 __all__ = ["Query", "Stream", "Schema", "Engine", "TimeWindow", "TupleWindow", "col", "lit",

@@ -1,1 +1,1 @@
-"""The runtime: deployments, sub-query instances, balancers, the engine."""
+"""The runtime: deployments, sub-query instances, balancers."""
