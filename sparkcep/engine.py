@@ -13,7 +13,8 @@ from sparkcep.core.ingest import to_batch
 from sparkcep.core.operators import WM_NONE
 from sparkcep.errors import EngineError, InputError, QueryError, UnknownStreamError
 from sparkcep.query.query import Query
-from sparkcep.runtime.deployment import Deployment, OutputLog
+from sparkcep.runtime.deployment import Deployment
+from sparkcep.runtime.output_log import OutputLog
 
 
 class Engine:

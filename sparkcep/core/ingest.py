@@ -77,7 +77,9 @@ def _convert(stream: str, field: str, want: str, values) -> pa.Array:
             return arr.cast(target, safe=True)
         except pa.ArrowInvalid as e:
             raise InputError(f"stream {stream!r}: field {field!r}: cannot convert {got} to {want}: {e}", "TYPE") from None
-    raise InputError(f"stream {stream!r}: field {field!r} expects {want}, got {got}"
+    hint = ("; send datetimes or a pyarrow timestamp column (integers are ambiguous: s, ms or us?)"
+            if want == "timestamp" and got in ("int32", "int64") else "")
+    raise InputError(f"stream {stream!r}: field {field!r} expects {want}, got {got}{hint}"
                      + _first_bad(values, target), "TYPE")
 
 

@@ -8,10 +8,8 @@ instances run unchanged inside instance-manager processes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass
 
-import numpy as np
 import pyarrow as pa
 
 from sparkcep.core.operators import WM_END, WM_NONE
@@ -21,6 +19,7 @@ from sparkcep.query.operators import Source
 from sparkcep.query.planner import Edge, Plan, plan
 from sparkcep.query.query import Query
 from sparkcep.runtime.balancers import Balancer, balancer_for
+from sparkcep.runtime.output_log import OutputLog
 
 
 @dataclass
@@ -33,26 +32,6 @@ class SourceState:
     @property
     def watermark(self) -> int:
         return WM_END if self.ended else self.max_ts
-
-
-@dataclass
-class OutputLog:
-    """Every batch an output produced, in order (kept for collect and subscribers)."""
-
-    schema: pa.Schema
-    batches: list[pa.RecordBatch] = field(default_factory=list)
-    subscribers: list[Callable[[pa.RecordBatch], None]] = field(default_factory=list)
-    rows: int = 0
-
-    def append(self, batch: pa.RecordBatch) -> None:
-        visible = batch.select(self.schema.names)
-        self.batches.append(visible)
-        self.rows += batch.num_rows
-        for fn in self.subscribers:
-            fn(visible)
-
-    def table(self) -> pa.Table:
-        return pa.Table.from_batches(self.batches, schema=self.schema)
 
 
 def parallelism_of(p: Plan, parallelism) -> dict[str, int]:
@@ -113,7 +92,7 @@ class Deployment:
     def push(self, stream: str, batch: pa.RecordBatch, max_ts: int) -> None:
         """Route a stamped source batch into the instances reading ``stream``."""
         self.sources[stream].max_ts = max(self.sources[stream].max_ts, max_ts)
-        self._route(stream, batch)
+        self._route(stream, batch, 0)
 
     def progress(self, frontier: int) -> None:
         """Every source row up to ``frontier`` is in: stateful instances consume and fire."""
@@ -121,7 +100,7 @@ class Deployment:
             wm = min(self._watermark_of(e.src) for e in sq.inputs)
             for inst in self.instances[sq.name]:
                 for name, b in inst.advance(frontier, wm):
-                    self._route(name, b)
+                    self._route(name, b, inst.index)
             self.out_watermark[sq.name] = self.instances[sq.name][0].output_watermark(wm)
 
     def end(self, stream: str, frontier: int) -> None:
@@ -133,14 +112,15 @@ class Deployment:
             return self.sources[src.name].watermark
         return self.out_watermark.get(self.plan.sq_of[src.name].name, WM_NONE)
 
-    def _route(self, src_name: str, batch: pa.RecordBatch) -> None:
+    def _route(self, src_name: str, batch: pa.RecordBatch, partition: int) -> None:
+        """Deliver a batch produced by ``src_name`` (in instance ``partition``) to its consumers."""
         for out in self.outputs_of.get(src_name, ()):
-            self.logs[out].append(batch)
+            self.logs[out].append(partition, batch)
         for e in self.edges_from.get(src_name, ()):
             instances = self.instances[self.plan.sq_of[e.dst.name].name]
             for i, part in self.balancers[id(e)].split(batch):
                 for name, b in instances[i].process(e, part):
-                    self._route(name, b)
+                    self._route(name, b, i)
 
     # --- state -----------------------------------------------------------------
     def late_tuples(self) -> dict[str, int]:
