@@ -34,7 +34,12 @@ class Engine:
     @classmethod
     def local(cls, workers: int = 0) -> "Engine":
         """An engine on this machine; ``workers=0`` runs every instance in this process."""
-        return cls(workers)
+        engine = cls(workers)
+        # --- loopback endpoint for Spark workers and the CLI (sparkcep.control.endpoint) ---
+        from sparkcep.control.endpoint import start_endpoint
+        engine.endpoint = start_endpoint(engine)
+        # --- end of loopback endpoint ---
+        return engine
 
     def __enter__(self) -> "Engine":
         return self
@@ -44,6 +49,10 @@ class Engine:
 
     def close(self) -> None:
         self._closed = True
+        # --- loopback endpoint ---
+        if getattr(self, "endpoint", None) is not None:
+            self.endpoint.close()
+        # --- end of loopback endpoint ---
 
     # --- queries -----------------------------------------------------------------
     def deploy(self, query: Query, parallelism=1, bins: int = 128) -> Deployment:

@@ -1,32 +1,165 @@
 """The output log of a query output: every batch it produced, per partition, in order.
 
 A partition is one producing instance of the output's sub-query, so rows of
-one partition keep their production order.
+one partition keep their production order. Each row has a *position* in its
+partition: 0 for the first row the partition ever produced, counting up, never
+reused. Readers (the Spark source) address rows by ``(partition, position)``;
+rows stay retained until every consumer that reads the log has committed past
+them (:meth:`OutputLog.commit`), so a reader restarted from a checkpoint can
+read again exactly what it had not committed.
+
+Thread-safe: the engine appends from its own thread while the loopback
+endpoint reads, commits and releases from connection threads.
 """
 
 from __future__ import annotations
 
+import bisect
+import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
 import pyarrow as pa
+
+from sparkcep.core.columns import SEQ
+from sparkcep.errors import EngineError
 
 
 @dataclass
-class OutputLog:
-    schema: pa.Schema
-    partitions: dict[int, list[pa.RecordBatch]] = field(default_factory=dict)
-    subscribers: list[Callable[[pa.RecordBatch], None]] = field(default_factory=list)
-    rows: int = 0
+class _Partition:
+    """Retained batches of one partition; ``starts[i]`` is the position of ``batches[i]``'s first row."""
 
+    base: int = 0  # position of the first retained row
+    end: int = 0  # position after the last row produced
+    starts: list[int] = field(default_factory=list)
+    batches: list[pa.RecordBatch] = field(default_factory=list)  # visible fields + SEQ
+
+
+class OutputLog:
+    """Every retained row of one output stream, per partition.
+
+    ``collect()`` on the engine returns :meth:`table`: every *retained* row.
+    Nothing is released unless a consumer commits (the Spark source does at
+    ``commit(end)``), so without Spark readers the log keeps everything.
+    """
+
+    def __init__(self, schema: pa.Schema):
+        self.schema = schema
+        self.subscribers: list[Callable[[pa.RecordBatch], None]] = []
+        self.rows = 0  # rows produced since the start, retained or not
+        self._parts: dict[int, _Partition] = {}
+        self._consumers: dict[str, dict[int, int]] = {}
+        self._lock = threading.Lock()
+        self._stored = pa.schema(list(schema) + [pa.field(SEQ, pa.int64())])
+
+    # --- producing -----------------------------------------------------------------
     def append(self, partition: int, batch: pa.RecordBatch) -> None:
+        """Add ``batch`` (produced by instance ``partition``) at the end of that partition."""
         visible = batch.select(self.schema.names)
-        self.partitions.setdefault(partition, []).append(visible)
-        self.rows += batch.num_rows
+        if batch.num_rows:
+            if SEQ in batch.schema.names:
+                seq = batch.column(SEQ)
+            else:  # e.g. the metrics log: no engine sequence numbers
+                seq = pa.array(np.full(batch.num_rows, -1, np.int64))
+            stored = pa.RecordBatch.from_arrays(list(visible.columns) + [seq], schema=self._stored)
+            with self._lock:
+                part = self._parts.setdefault(partition, _Partition())
+                part.starts.append(part.end)
+                part.batches.append(stored)
+                part.end += batch.num_rows
+                self.rows += batch.num_rows
         for fn in self.subscribers:
             fn(visible)
 
+    # --- reading -------------------------------------------------------------------
     def table(self) -> pa.Table:
         """Every retained row, partition after partition."""
-        return pa.Table.from_batches([b for p in sorted(self.partitions) for b in self.partitions[p]],
-                                     schema=self.schema)
+        with self._lock:
+            batches = [b for p in sorted(self._parts) for b in self._parts[p].batches]
+        return pa.Table.from_batches([b.select(self.schema.names) for b in batches], schema=self.schema)
+
+    @property
+    def partitions(self) -> dict[int, list[pa.RecordBatch]]:
+        """Retained batches per partition (visible fields only)."""
+        with self._lock:
+            parts = {p: list(part.batches) for p, part in self._parts.items()}
+        return {p: [b.select(self.schema.names) for b in bs] for p, bs in sorted(parts.items())}
+
+    def earliest(self) -> dict[int, int]:
+        """Position of the first retained row of each partition."""
+        with self._lock:
+            return {p: part.base for p, part in self._parts.items()}
+
+    def latest(self) -> dict[int, int]:
+        """Position after the last row of each partition (where the next row will go)."""
+        with self._lock:
+            return {p: part.end for p, part in self._parts.items()}
+
+    @property
+    def retained(self) -> int:
+        """Rows currently retained, over all partitions."""
+        with self._lock:
+            return sum(part.end - part.base for part in self._parts.values())
+
+    def read(self, partition: int, start: int, end: int, seq: bool = False) -> list[pa.RecordBatch]:
+        """Rows at positions ``[start, end)`` of ``partition``, as zero-copy slices.
+
+        With ``seq=True`` the batches carry the engine sequence number column
+        ``__seq`` after the visible fields. Raises EngineError ``OFFSET_RELEASED``
+        when part of the range was already released by a commit, and
+        ``OFFSET_RANGE`` when it reaches past what the partition produced.
+        """
+        with self._lock:
+            part = self._parts.get(partition, _Partition())
+            if start < part.base:
+                raise EngineError(f"rows {start}..{min(end, part.base)} of partition {partition} were released "
+                                  f"(committed by every consumer); the first retained row is at {part.base}",
+                                  "OFFSET_RELEASED")
+            if end > part.end or start > end:
+                raise EngineError(f"cannot read rows [{start}, {end}) of partition {partition}: it has rows "
+                                  f"[{part.base}, {part.end})", "OFFSET_RANGE")
+            starts, batches = part.starts, part.batches
+            i = max(bisect.bisect_right(starts, start) - 1, 0)
+            out = []
+            while i < len(batches) and starts[i] < end:
+                b, s = batches[i], starts[i]
+                lo, hi = max(start - s, 0), min(end - s, b.num_rows)
+                if hi > lo:
+                    out.append(b if (lo, hi) == (0, b.num_rows) else b.slice(lo, hi - lo))
+                i += 1
+        return out if seq else [b.select(self.schema.names) for b in out]
+
+    # --- retention -----------------------------------------------------------------
+    def release(self, partition: int, upto: int) -> None:
+        """Drop the rows of ``partition`` before position ``upto``."""
+        with self._lock:
+            part = self._parts.get(partition)
+            if part is None or upto <= part.base:
+                return
+            upto = min(upto, part.end)
+            k = bisect.bisect_right(part.starts, upto) - 1  # batch holding position upto (or the last one)
+            if k >= 0 and part.starts[k] + part.batches[k].num_rows <= upto:
+                k += 1  # batches[k] ends at or before upto: drop it whole
+            if k > 0:
+                del part.starts[:k], part.batches[:k]
+            if part.batches and part.starts[0] < upto:
+                cut = upto - part.starts[0]
+                part.batches[0] = part.batches[0].slice(cut)
+                part.starts[0] = upto
+            part.base = upto
+
+    def commit(self, positions: dict[int, int], consumer: str = "default") -> None:
+        """``consumer`` has processed every row before ``positions[p]`` in each partition ``p``.
+
+        Rows are released once *every* consumer that ever committed on this
+        log has passed them; positions never move back.
+        """
+        with self._lock:
+            mine = self._consumers.setdefault(consumer, {})
+            for p, pos in positions.items():
+                mine[int(p)] = max(mine.get(int(p), 0), int(pos))
+            parts = list(self._parts)
+            lows = {p: min(c.get(p, 0) for c in self._consumers.values()) for p in parts}
+        for p, low in lows.items():
+            self.release(p, low)

@@ -1,0 +1,1 @@
+"""Control plane: the loopback endpoint and its client, discovery of the local engine."""

@@ -1,0 +1,3 @@
+"""placeholder"""
+def configure(builder, **kw):
+    return builder
