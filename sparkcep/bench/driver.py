@@ -1,0 +1,125 @@
+"""Open-loop input into an engine, with the timestamps latency is computed from.
+
+Open loop: the send schedule is fixed in advance by the rate and never waits
+for the engine. Batch ``j`` holds the records created in
+``[t0 + j*dt, t0 + (j+1)*dt)`` (keys spread evenly over it) and is sent as soon
+as the wall clock passes the end of that interval; if the engine is behind,
+the batch goes out late and the lateness shows up as latency, instead of
+silently lowering the offered rate (no coordinated omission). Without a rate,
+batches go out back to back and each batch's key is the wall-clock time just
+before it is sent (HiBench's key: the send time).
+
+Every ``send`` is logged (wall-clock time before and after, first/last key,
+rows), and every output batch is logged with the wall-clock time it left the
+engine (``engine.subscribe``); :mod:`sparkcep.bench.metrics` turns the two
+logs into throughput and latency. All times are ``time.time_ns()``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import pyarrow as pa
+
+from sparkcep.bench.generator import RECORD_SCHEMA, UserVisits
+
+DEFAULT_BATCH_ROWS = 65_536
+DEFAULT_BATCH_MS = 10.0
+
+
+@dataclass
+class Run:
+    """What one driven run saw; times in ns since the epoch, keys in us since the epoch."""
+
+    events: int = 0
+    t_start: int = 0                 # just before the first send
+    t_end: int = 0                   # just before ``engine.end`` (end of input)
+    t_done: int = 0                  # ``engine.end`` returned
+    send_t: list[int] = field(default_factory=list)      # before each send
+    send_done: list[int] = field(default_factory=list)   # after each send returned
+    send_first: list[int] = field(default_factory=list)  # first key of each batch
+    send_last: list[int] = field(default_factory=list)   # last key of each batch
+    send_rows: list[int] = field(default_factory=list)
+    out_t: list[int] = field(default_factory=list)       # when each output batch left
+    out: list[pa.RecordBatch] = field(default_factory=list)
+    rate: float | None = None
+
+    def arrays(self):
+        """(send times, first keys, last keys, rows) as numpy arrays."""
+        return (np.array(self.send_t, np.int64), np.array(self.send_first, np.int64),
+                np.array(self.send_last, np.int64), np.array(self.send_rows, np.int64))
+
+    @property
+    def out_rows(self) -> int:
+        return sum(b.num_rows for b in self.out)
+
+
+def plan_batches(rate: float | None, batch_rows: int | None, batch_ms: float) -> tuple[int, int]:
+    """(rows per batch, interval in us per batch; 0 = as fast as possible)."""
+    if rate is None or rate <= 0:
+        return batch_rows or DEFAULT_BATCH_ROWS, 0
+    rows = batch_rows or max(1, min(DEFAULT_BATCH_ROWS, int(round(rate * batch_ms / 1000))))
+    return rows, max(1, int(round(rows * 1e6 / rate)))
+
+
+def drive(engine, stream: str, output: str, gen: UserVisits, events: int, rate: float | None = None,
+          batch_rows: int | None = None, batch_ms: float = DEFAULT_BATCH_MS,
+          tick: Callable[[Run, int], None] | None = None, tick_s: float = 1.0) -> Run:
+    """Send ``events`` records of ``gen`` into ``stream`` (open loop at ``rate`` records/s, or
+    as fast as possible), then end the stream; returns the :class:`Run`.
+
+    ``tick(run, sent)`` is called about every ``tick_s`` seconds (progress
+    display). Output batches are kept by reference (the engine's output log
+    holds them anyway).
+    """
+    run = Run(rate=rate)
+    rows, dt_us = plan_batches(rate, batch_rows, batch_ms)
+    gen.values(0, min(events, gen.cycle))  # render the cached cycle before the clock starts
+
+    def on_output(batch: pa.RecordBatch) -> None:
+        run.out_t.append(time.time_ns())
+        run.out.append(batch)
+
+    engine.subscribe(output, on_output)
+    now = time.time_ns()
+    run.t_start = now
+    t0_us = now // 1000
+    next_tick = now + int(tick_s * 1e9)
+    sent, j, last_key = 0, 0, 0
+    while sent < events:
+        n = min(rows, events - sent)
+        if dt_us:
+            base = t0_us + j * dt_us
+            keys = base + (np.arange(n, dtype=np.int64) * dt_us) // rows
+            due = (base + dt_us) * 1000
+            wait = due - time.time_ns()
+            if wait > 0:
+                time.sleep(wait / 1e9)
+        t = time.time_ns()
+        if not dt_us:
+            last_key = max(t // 1000, last_key + 1)
+            keys = np.full(n, last_key, np.int64)
+        batch = pa.RecordBatch.from_arrays([pa.array(keys, pa.timestamp("us")), gen.values(sent, n)],
+                                           schema=RECORD_SCHEMA)
+        run.send_t.append(time.time_ns())
+        engine.send(stream, batch)
+        done = time.time_ns()
+        run.send_done.append(done)
+        run.send_first.append(int(keys[0]))
+        run.send_last.append(int(keys[-1]))
+        run.send_rows.append(n)
+        sent += n
+        j += 1
+        if tick is not None and done >= next_tick:
+            tick(run, sent)
+            next_tick = done + int(tick_s * 1e9)
+    run.events = sent
+    run.t_end = time.time_ns()
+    engine.end(stream)
+    run.t_done = time.time_ns()
+    if tick is not None:
+        tick(run, sent)
+    return run

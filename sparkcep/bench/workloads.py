@@ -1,0 +1,122 @@
+"""The four HiBench streaming workloads as sparkcep queries.
+
+Every query reads the stream ``uservisits`` of HiBench records
+(``key timestamp, value string``, see :mod:`sparkcep.bench.generator`).
+
+* **identity** — a map with the same fields in and out (as in the UPM-CEP
+  paper): every record leaves unchanged.
+* **repartition** — the same map deployed as N instances; the planner puts a
+  round-robin balancer in front of a stateless sub-query, so records are
+  spread round-robin over the N instances (HiBench: ``repartition(N)``).
+* **wordcount** — the running count of records per source IP. A running
+  count never expires, so it is *not* a windowed aggregate: ``TupleWindow(1)``
+  per IP would emit 1 for every record, a sliding ``TupleWindow(n, 1)`` counts
+  only the last n records, and one huge ``TimeWindow`` would emit only at the
+  end of input. It is the engine's keyed stateful operator
+  (:class:`RunningCount`, state per bin, so it routes, migrates and
+  replicates like any stateful operator) and it emits, for every IP present
+  in a consumed batch, one row with the IP's count so far — Spark Structured
+  Streaming's ``groupBy(ip).count()`` in ``update`` output mode, with the
+  engine's input batch in place of Spark's micro-batch. Its final counts
+  equal HiBench's ``mapWithState`` counts.
+* **fixwindow** — count and minimum record time per IP over 10 s tumbling
+  event-time windows (HiBench ``FixWindow``: ``reduceByKey`` of
+  ``(min time, count)`` over ``window(10 s, 10 s)``).
+
+Parsing the IP out of the value (HiBench's ``UserVisitParser``) is a user
+``apply`` over whole batches (:func:`sparkcep.bench.kernels.parse_ip`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+import sparkcep as cep
+from sparkcep.bench.generator import RECORD_DDL
+from sparkcep.bench.kernels import CountTable, group_rows, parse_ip, string_buffers
+from sparkcep.core.hashing import hash_rows
+
+STREAM = "uservisits"
+WORKLOADS = ("identity", "repartition", "wordcount", "fixwindow")
+WINDOW = "10s"
+HIDDEN_PREFIX = "__"
+
+
+def _ip_and_key(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """Map ``(key, value)`` to ``(ip, key)``, keeping the engine's hidden columns."""
+    names = ["ip", "key"] + [n for n in batch.schema.names if n.startswith(HIDDEN_PREFIX)]
+    cols = [parse_ip(batch.column("value")), batch.column("key")]
+    cols += [batch.column(n) for n in names[2:]]
+    return pa.RecordBatch.from_arrays(cols, names=names)
+
+
+class RunningCount(cep.StatefulOperator):
+    """The running count of tuples per ``ip``; one row per IP in each consumed batch.
+
+    State: per bin, a :class:`~sparkcep.bench.kernels.CountTable` (exact:
+    keys are compared byte by byte, not only by hash).
+    """
+
+    schema = "ip string, count int64, key timestamp"
+
+    def process(self, batch, bins, state):
+        ip = batch.column("ip")
+        koff, kdata = string_buffers(ip)
+        koff = koff.astype(np.int64)
+        hashes = hash_rows(koff, kdata)
+        nbins = int(bins.max()) + 1 if len(bins) else 0
+        order, starts = group_rows(np.asarray(bins, np.int64), nbins)
+        rows, counts = [], []
+        for b in np.flatnonzero(np.diff(starts)):
+            table = state.get(int(b))
+            if table is None:
+                table = state[int(b)] = CountTable()
+            _, last, cnt = table.add(order[starts[b]:starts[b + 1]], hashes, koff, kdata)
+            rows.append(last)
+            counts.append(cnt)
+        if not rows:
+            return None
+        rows_a, counts_a = np.concatenate(rows), np.concatenate(counts)
+        keep = np.argsort(rows_a, kind="stable")  # output in the order of each IP's last record
+        rows_a, counts_a = rows_a[keep], counts_a[keep]
+        take = pa.array(rows_a)
+        return pa.RecordBatch.from_arrays([ip.take(take), pa.array(counts_a, pa.int64()),
+                                           batch.column("key").take(take)],
+                                          names=["ip", "count", "key"])
+
+
+def query(workload: str, name: str | None = None) -> cep.Query:
+    """The sparkcep query of ``workload``; its one output is named like the workload."""
+    if workload not in WORKLOADS:
+        raise ValueError(f"unknown workload {workload!r}; workloads: {', '.join(WORKLOADS)}")
+    q = cep.Query(name or workload)
+    s = q.stream(STREAM, RECORD_DDL, time="key")
+    if workload in ("identity", "repartition"):
+        out = s.map(key="key", value="value", name="copy")
+    else:
+        ips = s.apply(_ip_and_key, schema="ip string, key timestamp", name="parse")
+        if workload == "wordcount":
+            out = ips.stateful(RunningCount(), by="ip", name="count")
+        else:
+            out = ips.aggregate(cep.TimeWindow(WINDOW), by="ip", name="window",
+                                count=cep.count(), first=cep.min("key"))
+    q.output(workload, out)
+    return q
+
+
+def parallelism(workload: str, instances: int):
+    """``Engine.deploy`` parallelism: N instances of the workload's working operator."""
+    op = {"identity": "copy", "repartition": "copy", "wordcount": "count", "fixwindow": "window"}[workload]
+    return {op: max(1, instances)}
+
+
+def warm_up(workload: str) -> None:
+    """Compile (or load from numba's cache) the kernels ``workload`` runs: a tiny run, untimed."""
+    from sparkcep.bench.generator import UserVisits
+    gen = UserVisits(seed=1, distinct_ips=16, cycle=1 << 16)
+    with cep.Engine.local() as engine:
+        engine.deploy(query(workload, name=f"warm-{workload}"), parallelism=parallelism(workload, 2))
+        for i in range(2):
+            engine.send(STREAM, gen.records(i * 500, 500, start_us=0, rate=1000))
+        engine.end(STREAM)
