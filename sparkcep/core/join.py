@@ -80,7 +80,12 @@ class WindowJoin:
         self.bin_mask = bins - 1
         self.buffers: list[list[pa.RecordBatch]] = [[], []]
         self.next_start: int | None = None  # smallest window start that may hold buffered rows
-        self.late = 0
+        self.fired = -(2 ** 63)  # every window starting before this has fired: never fire it again
+        self.late_by_port = [0, 0]  # tuples that missed a window, per input
+
+    @property
+    def late(self) -> int:
+        return sum(self.late_by_port)
 
     def add(self, port: int, batch: pa.RecordBatch) -> None:
         """Buffer a batch of input ``port`` (0 left, 1 right), tagged with each row's bin."""
@@ -96,8 +101,8 @@ class WindowJoin:
         ts = batch.column(columns.TS).to_numpy()
         wm = batch.column(columns.WM).to_numpy()
         first_end = ((ts - w.size_us) // w.advance_us + 1) * w.advance_us + w.size_us
-        self.late += int(np.count_nonzero(first_end <= wm - w.lateness_us))
-        first = int(first_end.min() - w.size_us)
+        self.late_by_port[port] += int(np.count_nonzero(first_end <= wm - w.lateness_us))
+        first = max(int(first_end.min() - w.size_us), self.fired)
         self.next_start = first if self.next_start is None else min(self.next_start, first)
         self.buffers[port].append(batch.append_column(BIN, pa.array(b)))
 
@@ -106,7 +111,7 @@ class WindowJoin:
         if self.next_start is None:
             return []
         w = self.window
-        sides = [pa.Table.from_batches(b).combine_chunks().to_batches() for b in self.buffers]
+        sides = [pa.Table.from_batches(b).combine_chunks().to_batches() if b else [] for b in self.buffers]
         sides = [s[0] if s else None for s in sides]
         if sides[0] is None or sides[1] is None:
             if watermark is None:
@@ -121,6 +126,7 @@ class WindowJoin:
                 if batch is not None and batch.num_rows:
                     out.append(batch)
         self.next_start = max(self.next_start, (limit // w.advance_us + 1) * w.advance_us)
+        self.fired = self.next_start
         return out + self._prune(watermark, sides)
 
     def _prune(self, watermark, sides) -> list:
@@ -193,6 +199,7 @@ class WindowJoin:
                 self.buffers[port].append(b)
                 first = int(((b.column(columns.TS).to_numpy().min() - self.window.size_us)
                              // self.window.advance_us + 1) * self.window.advance_us)
+                first = max(first, self.fired)
                 self.next_start = first if self.next_start is None else min(self.next_start, first)
 
 

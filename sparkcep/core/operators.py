@@ -21,7 +21,9 @@ from sparkcep.query import operators as logical
 from sparkcep.query.windows import TimeWindow
 
 WM_END = np.iinfo(np.int64).max  # the watermark of an ended input
-WM_NONE = np.iinfo(np.int64).min  # the watermark of an input that has sent nothing yet
+# the watermark of an input that has sent nothing yet; far below any real event time but
+# not int64's minimum, so `watermark - lateness - size` cannot wrap around
+WM_NONE = -(2 ** 62)
 
 
 class PhysicalOperator:
@@ -163,6 +165,10 @@ class JoinOp(StatefulOp):
     @property
     def late(self) -> int:
         return self.join.late
+
+    @property
+    def late_by_port(self) -> list[int]:
+        return self.join.late_by_port
 
     def extract(self, bin):
         return self.join.extract(bin)

@@ -16,7 +16,7 @@ from sparkcep.core.operators import WM_END, WM_NONE
 from sparkcep.core.subquery import SubQueryInstance
 from sparkcep.errors import QueryError
 from sparkcep.query.operators import Source
-from sparkcep.query.planner import Edge, Plan, plan
+from sparkcep.query.planner import BROADCAST, Edge, Plan, plan
 from sparkcep.query.query import Query
 from sparkcep.runtime.balancers import Balancer, balancer_for
 from sparkcep.runtime.output_log import OutputLog
@@ -127,8 +127,12 @@ class Deployment:
         """Late tuples per stateful operator (summed over instances)."""
         out: dict[str, int] = {}
         for sq in self.plan.subqueries:
-            for inst in self.instances[sq.name]:
+            broadcast = [e.port for e in sq.inputs if e.balancer == BROADCAST]
+            for i, inst in enumerate(self.instances[sq.name]):
                 op = inst.stateful
                 if op is not None and hasattr(op, "late"):
-                    out[sq.head.name] = out.get(sq.head.name, 0) + op.late
+                    n = op.late
+                    if i and broadcast:  # every instance sees a broadcast input: count its tuples once
+                        n -= sum(op.late_by_port[p] for p in broadcast)
+                    out[sq.head.name] = out.get(sq.head.name, 0) + n
         return out
