@@ -90,23 +90,28 @@ def summarize(run: Run, lat: tuple[np.ndarray, np.ndarray]) -> dict:
     }
 
 
-def timeline(run: Run, lat: tuple[np.ndarray, np.ndarray], step_s: float = 1.0) -> dict[str, np.ndarray]:
+def timeline(run: Run, lat: tuple[np.ndarray, np.ndarray], step_s: float = 1.0) -> dict[str, list]:
     """Per ``step_s`` since the start: input records/s, output rows/s, latency p50/p99 (ms)."""
     send_t, _, _, rows = run.arrays()
-    end = max([run.t_done] + run.out_t)
-    nsteps = max(1, int(np.ceil((end - run.t_start) / (step_s * 1e9))))
-    edges = run.t_start + (np.arange(nsteps + 1) * step_s * 1e9).astype(np.int64)
-    sent = np.histogram(send_t, bins=edges, weights=rows)[0] / step_s
-    lat_ns, when = lat
-    out = np.histogram(when, bins=edges)[0] / step_s
+    return series(run.t_start, max([run.t_done] + run.out_t), send_t, rows, lat[0], lat[1], step_s)
+
+
+def series(t_start: int, t_end: int, in_t: np.ndarray, in_rows: np.ndarray, lat_ns: np.ndarray,
+           when_ns: np.ndarray, step_s: float = 1.0) -> dict[str, list]:
+    """Input rate, output rate and latency p50/p99 per time step (times in ns since the epoch)."""
+    nsteps = max(1, int(np.ceil((t_end - t_start) / (step_s * 1e9))))
+    edges = t_start + (np.arange(nsteps + 1) * step_s * 1e9).astype(np.int64)
+    edges[-1] = max(edges[-1], t_end + 1)
+    sent = np.histogram(in_t, bins=edges, weights=in_rows)[0] / step_s
+    out = np.histogram(when_ns, bins=edges)[0] / step_s
     p50 = np.full(nsteps, np.nan)
     p99 = np.full(nsteps, np.nan)
-    idx = np.clip(np.searchsorted(edges, when, side="right") - 1, 0, nsteps - 1)
+    idx = np.clip(np.searchsorted(edges, when_ns, side="right") - 1, 0, nsteps - 1)
     order = np.argsort(idx, kind="stable")
     bounds = np.searchsorted(idx[order], np.arange(nsteps + 1))
     for k in range(nsteps):
         seg = lat_ns[order[bounds[k]:bounds[k + 1]]]
         if len(seg):
             p50[k], p99[k] = np.percentile(seg, 50) / 1e6, np.percentile(seg, 99) / 1e6
-    return {"t": (edges[:-1] - run.t_start) / 1e9, "input_rate": sent, "output_rate": out,
-            "latency_p50_ms": p50, "latency_p99_ms": p99}
+    return {"t_s": ((edges[:-1] - t_start) / 1e9).tolist(), "input_rate": sent.tolist(),
+            "output_rate": out.tolist(), "latency_p50_ms": p50.tolist(), "latency_p99_ms": p99.tolist()}
