@@ -57,8 +57,10 @@ def _binop(e: BinOp, batch, schema):
         value = (a & a_ok) | (b & b_ok)
         return value, (a_ok & b_ok) | (a_ok & a) | (b_ok & b)
     ok = a_ok & b_ok
-    if isinstance(a, tuple) or isinstance(b, tuple):
+    if isinstance(a, tuple) and isinstance(b, tuple):
         return _string_compare(e.op, a, b, batch.num_rows), ok
+    if isinstance(a, tuple) or isinstance(b, tuple):  # a string against a null literal: null
+        return np.zeros(batch.num_rows, np.bool_), ok
     if e.op == "/":
         zero = b == 0
         with np.errstate(all="ignore"):
@@ -75,6 +77,8 @@ def _string_compare(op, a, b, n):
     if not isinstance(a, tuple) or not isinstance(b, tuple):
         raise TypeError("a string compares only with a string")
     (oa, da), (ob, db) = a, b
+    if len(oa) - 1 != n and len(ob) - 1 != n:  # two literals: one answer for every row
+        return np.repeat(_CMP[op](strings.compare_columns(oa, da, ob, db, True)), n)
     if len(oa) - 1 != n:  # literal on the left: swap and mirror the operator
         mirrored = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}.get(op, op)
         return _string_compare(mirrored, b, a, n)
@@ -86,8 +90,8 @@ def _literal(e: Lit, n: int):
     if e.kind == "string":
         data = np.frombuffer(e.value.encode(), np.uint8)
         return (np.array([0, len(data)], np.int64), data), np.ones(n, np.bool_)
-    if e.kind == "null":
-        return np.zeros(n, np.int64), np.zeros(n, np.bool_)
+    if e.kind == "null":  # bool zeros: a null literal is also a valid operand of & | ~
+        return np.zeros(n, np.bool_), np.zeros(n, np.bool_)
     dtype = {"bool": np.bool_, "int64": np.int64, "float64": np.float64, "timestamp": np.int64}[e.kind]
     return np.full(n, e.value, dtype), np.ones(n, np.bool_)
 

@@ -1,0 +1,169 @@
+"""Bad input is rejected whole, with a stable code and a message naming stream, field and row."""
+
+import datetime as dt
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+import reference as ref
+import sparkcep as cep
+from cases import T0, cep_funcs
+from harness import plain, table
+from reference import S, assert_same_rows
+
+EV = {"k": "string", "ts": "timestamp", "v": "int64", "x": "float64"}
+
+
+def rows(*secs, k="a"):
+    return [{"k": k, "ts": T0 + int(s * S), "v": i, "x": i / 2} for i, s in enumerate(secs)]
+
+
+def query():
+    q = cep.Query("q")
+    s = q.stream("ev", EV)
+    q.output("out", s.aggregate(cep.TimeWindow("10s"), by="k", **cep_funcs([("n", "count", None), ("sv", "sum", "v")])))
+    q.output("raw", s.filter(cep.col("v") >= 0))
+    return q
+
+
+def good_columns(n=2):
+    return {"k": ["a"] * n, "ts": [dt.datetime(2024, 1, 1, 0, 0, i) for i in range(n)], "v": list(range(n)),
+            "x": [0.5] * n}
+
+
+@pytest.mark.parametrize("data,code,words", [
+    ({**good_columns(), "extra": [1, 2]}, "UNKNOWN_FIELD", ["'ev'", "'extra'"]),
+    ({k: v for k, v in good_columns().items() if k != "v"}, "MISSING_FIELD", ["'ev'", "'v'"]),
+    ({**good_columns(), "v": [1, "two"]}, "TYPE", ["'ev'", "'v'", "row 1"]),
+    ({**good_columns(), "v": ["1", "2"]}, "TYPE", ["'ev'", "'v'", "int64", "row 0"]),
+    ({**good_columns(), "v": [1.5, 2.0]}, "TYPE", ["'ev'", "'v'", "int64"]),
+    ({**good_columns(), "k": [1, 2]}, "TYPE", ["'ev'", "'k'", "string"]),
+    ({**good_columns(), "x": [True, False]}, "TYPE", ["'ev'", "'x'"]),
+    ({**good_columns(), "ts": [1, 2]}, "TYPE", ["'ev'", "'ts'", "timestamp"]),
+    ({**good_columns(3), "ts": [dt.datetime(2024, 1, 1), None, dt.datetime(2024, 1, 1)]}, "NULL_TIME",
+     ["'ev'", "'ts'", "row 1"]),
+    ({**good_columns(), "v": [1, 2, 3]}, "LENGTH", ["'ev'"]),
+    ([1, 2, 3], "BAD_DATA", ["'ev'"]),
+])
+def test_bad_batches_are_rejected_with_a_code(data, code, words):
+    with cep.Engine.local() as e:
+        e.deploy(query())
+        with pytest.raises(cep.InputError) as err:
+            e.send("ev", data)
+        assert err.value.code == code
+        for w in words:
+            assert w in str(err.value), (w, str(err.value))
+        assert e.metrics()["sequence"] == 0
+
+
+def test_int64_overflowing_an_int32_field_is_a_type_error():
+    q = cep.Query("q32")
+    q.output("o", q.stream("s", "k string, n int32"))
+    with cep.Engine.local() as e:
+        e.deploy(q)
+        e.send("s", {"k": ["a"], "n": [5]})  # a small int64 fits
+        with pytest.raises(cep.InputError) as err:
+            e.send("s", {"k": ["a"], "n": [2 ** 40]})
+        assert err.value.code == "TYPE"
+
+
+def test_unknown_stream_and_output():
+    with cep.Engine.local() as e:
+        e.deploy(query())
+        with pytest.raises(cep.UnknownStreamError) as err:
+            e.send("nope", good_columns())
+        assert err.value.code == "UNKNOWN_STREAM" and "'nope'" in str(err.value) and "ev" in str(err.value)
+        with pytest.raises(cep.UnknownStreamError):
+            e.collect("nope")
+        with pytest.raises(cep.UnknownStreamError):
+            e.end("nope")
+        assert isinstance(err.value, cep.SparkcepError)
+
+
+def test_sending_after_end_is_refused():
+    with cep.Engine.local() as e:
+        e.deploy(query())
+        e.end("ev")
+        with pytest.raises(cep.InputError) as err:
+            e.send("ev", good_columns())
+        assert err.value.code == "ENDED"
+
+
+BAD = [
+    {"k": ["a"], "ts": [dt.datetime(2030, 1, 1)], "v": ["not a number"], "x": [0.0]},  # a huge time, bad v
+    {"k": ["a", "b"], "ts": [dt.datetime(2030, 1, 1), None], "v": [1, 2], "x": [0.0, 0.0]},  # null time
+    {"k": ["a"], "ts": [dt.datetime(2030, 1, 1)], "v": [1], "x": [0.0], "zzz": [1]},  # unknown field
+]
+
+
+@pytest.mark.parametrize("parallelism", [1, 2])
+def test_a_rejected_batch_leaves_no_trace(parallelism):
+    sends = [rows(1, 2, 3), rows(11, 5, k="b"), rows(4, 25, 12)]
+    with cep.Engine.local() as clean:
+        clean.deploy(query(), parallelism=parallelism)
+        for s in sends:
+            clean.send("ev", table(s, EV))
+        clean.end("ev")
+        want = {o: plain(clean.collect(o)) for o in ("out", "raw")}
+        want_metrics = clean.metrics()
+    with cep.Engine.local() as e:
+        e.deploy(query(), parallelism=parallelism)
+        for i, s in enumerate(sends):
+            for bad in BAD:
+                with pytest.raises(cep.InputError):
+                    e.send("ev", bad)
+            e.send("ev", table(s, EV))
+        e.end("ev")
+        for o in ("out", "raw"):
+            got = plain(e.collect(o))
+            assert_same_rows(got, want[o], o)
+            # same sequence numbers too: identical row order per partition
+            assert got.values.tolist() == want[o].values.tolist()
+        assert e.metrics() == want_metrics
+
+
+def test_input_formats_and_widening():
+    q = cep.Query("fmt")
+    q.output("o", q.stream("ev", "k string, ts timestamp, v int64, x float64, n int32"))
+    ts = [T0, T0 + S]
+    expected = [("a", T0, 1, 1.0, 3), ("b", T0 + S, None, None, None)]
+    variants = {
+        "arrow": pa.table({"k": ["a", "b"], "ts": pa.array(ts, pa.timestamp("us")), "v": pa.array([1, None], pa.int32()),
+                           "x": pa.array([1, None], pa.int64()), "n": pa.array([3, None], pa.int64())}),
+        "batch": pa.record_batch({"k": ["a", "b"], "ts": pa.array([t // 1000 for t in ts], pa.timestamp("ms")),
+                                  "v": [1, None], "x": pa.array([1.0, None], pa.float32()), "n": [3, None]}),
+        "pandas": pd.DataFrame({"k": ["a", "b"], "ts": pd.to_datetime(ts, unit="us"), "v": pd.array([1, None], "Int64"),
+                                "x": [1.0, np.nan], "n": pd.array([3, None], "Int32")}),
+        "dict": {"k": np.array(["a", "b"]), "ts": [dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=t) for t in ts],
+                 "v": [1, None], "x": [1.0, None], "n": [3, None]},
+    }
+    for name, data in variants.items():
+        with cep.Engine.local() as e:
+            e.deploy(q)
+            assert e.send("ev", data) == 2, name
+            got = plain(e.collect("o"))
+        assert [tuple(r) for r in got.values.tolist()] == expected, name
+
+
+def test_empty_batch_is_accepted_and_does_nothing():
+    with cep.Engine.local() as e:
+        e.deploy(query())
+        assert e.send("ev", table([], EV)) == 0
+        assert e.metrics()["sequence"] == 0
+
+
+def test_reference_agrees_on_the_clean_run():
+    sends = [("ev", rows(1, 2, 3)), ("ev", rows(11, 5, k="b"))]
+    st = ref.stamp(sends, {"ev": "ts"})
+    want, late = ref.aggregate(st["ev"], ref.Time(10 * S), ["k"], [("n", "count", None), ("sv", "sum", "v")])
+    with cep.Engine.local() as e:
+        e.deploy(query())
+        for _, s in sends:
+            with pytest.raises(cep.InputError):
+                e.send("ev", BAD[0])
+            e.send("ev", table(s, EV))
+        e.end("ev")
+        assert_same_rows(plain(e.collect("out")), want)
+        assert sum(e.metrics()["late"]["q"].values()) == late == 0

@@ -1,0 +1,45 @@
+"""Window specifications and durations."""
+
+import datetime as dt
+
+import pytest
+
+import sparkcep as cep
+from sparkcep.query.windows import duration_us
+
+
+@pytest.mark.parametrize("value,us", [
+    ("10s", 10_000_000), ("500ms", 500_000), ("5m", 300_000_000), ("5min", 300_000_000), ("2h", 7_200_000_000),
+    ("1d", 86_400_000_000), ("250us", 250), ("1.5s", 1_500_000), (" 3 s ", 3_000_000),
+    (dt.timedelta(seconds=2, microseconds=7), 2_000_007), (2, 2_000_000), (0.25, 250_000),
+])
+def test_durations(value, us):
+    assert duration_us(value) == us
+
+
+@pytest.mark.parametrize("bad", ["10", "ten s", "10 sec", "-5s", True, None, [1]])
+def test_bad_durations(bad):
+    with pytest.raises(cep.QueryError):
+        duration_us(bad)
+
+
+def test_time_window_defaults_to_tumbling():
+    w = cep.TimeWindow("10s")
+    assert (w.size_us, w.advance_us, w.lateness_us) == (10_000_000, 10_000_000, 0)
+    w = cep.TimeWindow("30s", advance="10s", lateness="5s")
+    assert (w.size_us, w.advance_us, w.lateness_us) == (30_000_000, 10_000_000, 5_000_000)
+
+
+@pytest.mark.parametrize("args", [("0s",), ("10s", "20s"), ("10s", "0s")])
+def test_bad_time_windows(args):
+    with pytest.raises(cep.QueryError):
+        cep.TimeWindow(*args)
+
+
+def test_tuple_window():
+    w = cep.TupleWindow(5)
+    assert (w.size, w.advance) == (5, 5)
+    assert (cep.TupleWindow(5, 2).size, cep.TupleWindow(5, 2).advance) == (5, 2)
+    for bad in [(0,), (3, 4), (2.0,), (True,), (3, 0), ("3",)]:
+        with pytest.raises(cep.QueryError):
+            cep.TupleWindow(*bad)
