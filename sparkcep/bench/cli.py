@@ -259,7 +259,7 @@ def write_report(path: Path, results: list[dict], args) -> None:
         cmd,
         "```",
         "",
-        f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {platform.node() and 'a'} "
+        f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on a machine with "
         f"{_machine()}, Python {platform.python_version()}. sparkcep: `Engine.local(workers={args.workers})` "
         f"(every instance in the driving process); Spark: PySpark local[2], Parquet file source, noop sink.",
         f"Input: HiBench records (key: send time, value: a 200-byte `uservisits` row), "
