@@ -40,7 +40,8 @@ def evaluate(expr: Expr, batch: pa.RecordBatch, schema: Schema):
         return ~ok, np.ones(n, np.bool_)
     if isinstance(expr, StartsWith):
         (off, data), ok = evaluate(expr.operand, batch, schema)
-        return strings.startswith(off, data, np.frombuffer(expr.prefix.encode(), np.uint8)), ok
+        hit = strings.startswith(off, data, np.frombuffer(expr.prefix.encode(), np.uint8))
+        return (np.repeat(hit, n) if len(hit) != n else hit), ok  # a string literal: one answer per row
     if isinstance(expr, BinOp):
         return _binop(expr, batch, schema)
     raise TypeError(f"cannot evaluate {expr!r}")

@@ -119,7 +119,7 @@ def test_string_order_is_bytewise_and_prefixes_are_not_equal():
 
 @pytest.mark.parametrize("prefix", ["10.0.0.1", "10.", "", "é", "10.0.0.100", "x"])
 def test_startswith(prefix):
-    got, want = run_map({"r": ref.StartsWith(C("k"), prefix)})
+    got, want = run_map({"r": ref.StartsWith(C("k"), prefix), "lit": ref.StartsWith(L("10.0.0.10"), prefix)})
     assert_same_rows(got, want, prefix)
 
 
