@@ -1,4 +1,4 @@
-"""Windowed aggregation: numba kernels over a :class:`~sparkcep.core.table.KeyTable`.
+"""Windowed aggregation: numba kernels over a :class:`~sparkcep.core.table.BinnedTable`.
 
 Each function of an aggregate becomes an opcode reading one value column and
 owning a few accumulator slots of its entry (window, group). Rows are
@@ -13,9 +13,9 @@ import pyarrow as pa
 from numba import njit
 
 from sparkcep.core import columns
-from sparkcep.core.hashing import hash_rows
+from sparkcep.core.hashing import gather_binned, hash_words
 from sparkcep.core.strings import compare_bytes
-from sparkcep.core.table import COUNTER, KeyTable, find_or_insert
+from sparkcep.core.table import AUX, COUNTER, KLEN, KOFF, TS, WSTART, BinnedTable, bin_order, find_or_insert, room
 from sparkcep.query.aggregates import AggFunc
 from sparkcep.query.windows import TimeWindow, TupleWindow
 from sparkcep.schema import TYPES, Schema
@@ -33,102 +33,97 @@ def _later(ts, seq, t0, s0):
     return ts > t0 or (ts == t0 and seq > s0)
 
 
-@njit(nogil=True, cache=True)
-def _update(e, r, ts, seq, ops, cols, sis, sfs, vals_i, vals_f, valid, soff, slen, sdata, acc_i, acc_f, arena, meta):
+@njit(nogil=True, cache=True, inline="always")
+def _update(acc_i, acc_f, arena, meta, b, e, r, ts, seq, ops, cols, sis, sfs,
+            vals_i, vals_f, valid, soff, slen, sdata):
+    """Apply every function of the aggregate to row ``r`` for entry ``e`` of bin ``b``."""
     for j in range(len(ops)):
         op, c, si, sf = ops[j], cols[j], sis[j], sfs[j]
         if op == COUNT_ALL:
-            acc_i[e, si] += 1
+            acc_i[b, e, si] += 1
             continue
         if not valid[c, r]:
             continue
         if op == COUNT:
-            acc_i[e, si] += 1
+            acc_i[b, e, si] += 1
         elif op == SUM_I:
-            acc_i[e, si] += vals_i[c, r]
-            acc_i[e, si + 1] += 1
+            acc_i[b, e, si] += vals_i[c, r]
+            acc_i[b, e, si + 1] += 1
         elif op == SUM_F:
-            acc_f[e, sf] += vals_f[c, r]
-            acc_i[e, si] += 1
+            acc_f[b, e, sf] += vals_f[c, r]
+            acc_i[b, e, si] += 1
         elif op == MIN_I or op == MAX_I:
             v = vals_i[c, r]
-            if acc_i[e, si + 1] == 0 or (v < acc_i[e, si] if op == MIN_I else v > acc_i[e, si]):
-                acc_i[e, si] = v
-            acc_i[e, si + 1] += 1
+            if acc_i[b, e, si + 1] == 0 or (v < acc_i[b, e, si] if op == MIN_I else v > acc_i[b, e, si]):
+                acc_i[b, e, si] = v
+            acc_i[b, e, si + 1] += 1
         elif op == MIN_F or op == MAX_F:
             v = vals_f[c, r]
-            if acc_i[e, si] == 0 or (v < acc_f[e, sf] if op == MIN_F else v > acc_f[e, sf]):
-                acc_f[e, sf] = v
-            acc_i[e, si] += 1
+            if acc_i[b, e, si] == 0 or (v < acc_f[b, e, sf] if op == MIN_F else v > acc_f[b, e, sf]):
+                acc_f[b, e, sf] = v
+            acc_i[b, e, si] += 1
         elif op == MIN_S or op == MAX_S:
             s0, n = soff[c, r], slen[c, r]
-            better = acc_i[e, si + 2] == 0
+            better = acc_i[b, e, si + 2] == 0
             if not better:
-                o = acc_i[e, si]
-                cmp = compare_bytes(sdata, s0, s0 + n, arena, o, o + acc_i[e, si + 1])
+                o = acc_i[b, e, si]
+                cmp = compare_bytes(sdata, s0, s0 + n, arena[b], o, o + acc_i[b, e, si + 1])
                 better = cmp < 0 if op == MIN_S else cmp > 0
             if better:
-                _put_string(e, si, sdata, s0, n, acc_i, arena, meta)
-            acc_i[e, si + 2] += 1
+                _put_string(acc_i, arena, meta, b, e, si, sdata, s0, n)
+            acc_i[b, e, si + 2] += 1
         elif op == FIRST or op == LAST:
-            has = acc_i[e, si + 2]
-            newer = _later(ts[r], seq[r], acc_i[e, si], acc_i[e, si + 1])
-            if has == 0 or (newer if op == LAST else not newer):
-                acc_i[e, si] = ts[r]
-                acc_i[e, si + 1] = seq[r]
-                acc_i[e, si + 2] = 1
-                acc_i[e, si + 3] = vals_i[c, r]
+            newer = _later(ts[r], seq[r], acc_i[b, e, si], acc_i[b, e, si + 1])
+            if acc_i[b, e, si + 2] == 0 or (newer if op == LAST else not newer):
+                acc_i[b, e, si] = ts[r]
+                acc_i[b, e, si + 1] = seq[r]
+                acc_i[b, e, si + 2] = 1
+                acc_i[b, e, si + 3] = vals_i[c, r]
         else:  # FIRST_S / LAST_S
-            has = acc_i[e, si + 4]
-            newer = _later(ts[r], seq[r], acc_i[e, si + 2], acc_i[e, si + 3])
-            if has == 0 or (newer if op == LAST_S else not newer):
-                _put_string(e, si, sdata, soff[c, r], slen[c, r], acc_i, arena, meta)
-                acc_i[e, si + 2] = ts[r]
-                acc_i[e, si + 3] = seq[r]
-                acc_i[e, si + 4] = 1
+            newer = _later(ts[r], seq[r], acc_i[b, e, si + 2], acc_i[b, e, si + 3])
+            if acc_i[b, e, si + 4] == 0 or (newer if op == LAST_S else not newer):
+                _put_string(acc_i, arena, meta, b, e, si, sdata, soff[c, r], slen[c, r])
+                acc_i[b, e, si + 2] = ts[r]
+                acc_i[b, e, si + 3] = seq[r]
+                acc_i[b, e, si + 4] = 1
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _put_string(e, si, sdata, s0, n, acc_i, arena, meta):
-    o = meta[1]
+def _put_string(acc_i, arena, meta, b, e, si, sdata, s0, n):
+    o = meta[b, 1]
     for k in range(n):
-        arena[o + k] = sdata[s0 + k]
-    meta[1] = o + n
-    acc_i[e, si] = o
-    acc_i[e, si + 1] = n
-
-
-@njit(nogil=True, cache=True, inline="always")
-def _full(meta, koff, rowstr, r, nwin, n_entries_cap, arena_cap, n_slots):
-    need = nwin * (koff[r + 1] - koff[r] + rowstr[r])
-    return (meta[0] + nwin > n_entries_cap or meta[1] + need > arena_cap
-            or (meta[2] + meta[3] + nwin) * 10 > n_slots * 7)
+        arena[b, o + k] = sdata[s0 + k]
+    meta[b, 1] = o + n
+    acc_i[b, e, si] = o
+    acc_i[b, e, si + 1] = n
 
 
 @njit(nogil=True, cache=True)
-def accumulate_time(r0, khash, koff, kdata, kbin, ts, wm, seq, size, adv, lateness, rowstr,
-                    ops, cols, sis, sfs, vals_i, vals_f, valid, soff, slen, sdata,
-                    slots, e_hash, e_wstart, e_koff, e_klen, e_bin, e_live, e_aux, e_ts, acc_i, acc_f, arena, meta,
-                    late):
-    """Add rows ``r0..`` to their time windows; returns the row where it stopped for room (n when done)."""
-    n = len(ts)
+def accumulate_time(pos, order, K, ts, wm, seq, size, adv, lateness, rowstr, P, V, T, late):
+    """Add rows ``order[pos:]`` to their time windows; returns where it stopped for room (n: done)."""
+    khash, kw0, kw1, koff, kdata, kbin = K
+    ops, cols, sis, sfs = P
+    vals_i, vals_f, valid, soff, slen, sdata = V
+    slots, ent, live, acc_i, acc_f, arena, meta = T
+    n = len(order)
     nwin = (size + adv - 1) // adv
-    for r in range(r0, n):
-        if _full(meta, koff, rowstr, r, nwin, len(e_hash), len(arena), len(slots)):
-            return r
+    for p in range(pos, n):
+        r = order[p]
+        b = kbin[r]
+        if not room(slots, ent, arena, meta, b, nwin, nwin * (koff[r + 1] - koff[r] + rowstr[r])):
+            return p
         t = ts[r]
         limit = wm[r] - lateness
         s = (t // adv) * adv
         missed = False
         while s > t - size:
             if s + size > limit:
-                fresh = meta[0]
-                e = find_or_insert(slots, e_hash, e_wstart, e_koff, e_klen, e_bin, e_live, arena, meta,
-                                   khash[r], s, kdata, koff[r], koff[r + 1], kbin[r])
-                if e == fresh or seq[r] > e_aux[e]:
-                    e_aux[e] = seq[r]
-                _update(e, r, ts, seq, ops, cols, sis, sfs, vals_i, vals_f, valid, soff, slen, sdata,
-                        acc_i, acc_f, arena, meta)
+                e = find_or_insert(slots, ent, live, acc_i, acc_f, arena, meta, b, khash[r], kw0[r], kw1[r], s,
+                                   kdata, koff[r], koff[r + 1])
+                if seq[r] > ent[b, e, AUX]:
+                    ent[b, e, AUX] = seq[r]
+                _update(acc_i, acc_f, arena, meta, b, e, r, ts, seq, ops, cols, sis, sfs,
+                        vals_i, vals_f, valid, soff, slen, sdata)
             else:
                 missed = True
             s -= adv
@@ -137,37 +132,42 @@ def accumulate_time(r0, khash, koff, kdata, kbin, ts, wm, seq, size, adv, latene
 
 
 @njit(nogil=True, cache=True)
-def accumulate_tuples(r0, khash, koff, kdata, kbin, ts, wm, seq, size, adv, rowstr,
-                      ops, cols, sis, sfs, vals_i, vals_f, valid, soff, slen, sdata,
-                      slots, e_hash, e_wstart, e_koff, e_klen, e_bin, e_live, e_aux, e_ts, acc_i, acc_f, arena, meta,
-                      ready, ready_wm, nready):
-    """Add rows to their groups' tuple windows; full windows go to ``ready``. Returns the stop row."""
-    n = len(ts)
+def accumulate_tuples(pos, order, K, ts, wm, seq, size, adv, rowstr, P, V, T, ready_b, ready_e, ready_wm, nready):
+    """Add rows to their groups' tuple windows; full windows go to ``ready``. Returns the stop position."""
+    khash, kw0, kw1, koff, kdata, kbin = K
+    ops, cols, sis, sfs = P
+    vals_i, vals_f, valid, soff, slen, sdata = V
+    slots, ent, live, acc_i, acc_f, arena, meta = T
+    n = len(order)
     nwin = (size + adv - 1) // adv + 1
-    for r in range(r0, n):
-        if _full(meta, koff, rowstr, r, nwin, len(e_hash), len(arena), len(slots)):
-            return r
+    for p in range(pos, n):
+        r = order[p]
+        b = kbin[r]
         ks, ke = koff[r], koff[r + 1]
-        c = find_or_insert(slots, e_hash, e_wstart, e_koff, e_klen, e_bin, e_live, arena, meta,
-                           khash[r], COUNTER, kdata, ks, ke, kbin[r])
-        p = e_aux[c]
-        e_aux[c] = p + 1
-        k = p // adv
-        while k >= 0 and k * adv + size > p:
+        if not room(slots, ent, arena, meta, b, nwin, nwin * (ke - ks + rowstr[r])):
+            return p
+        c = find_or_insert(slots, ent, live, acc_i, acc_f, arena, meta, b, khash[r], kw0[r], kw1[r], COUNTER,
+                           kdata, ks, ke)
+        q = ent[b, c, AUX]
+        ent[b, c, AUX] = q + 1
+        k = q // adv
+        while k >= 0 and k * adv + size > q:
             w = k * adv
-            fresh = meta[0]
-            e = find_or_insert(slots, e_hash, e_wstart, e_koff, e_klen, e_bin, e_live, arena, meta,
-                               khash[r], w, kdata, ks, ke, kbin[r])
-            if e == fresh or ts[r] > e_ts[e]:
-                e_ts[e] = ts[r]
-            if e == fresh or seq[r] > e_aux[e]:
-                e_aux[e] = seq[r]
-            _update(e, r, ts, seq, ops, cols, sis, sfs, vals_i, vals_f, valid, soff, slen, sdata,
-                    acc_i, acc_f, arena, meta)
-            if p == w + size - 1:
-                ready[nready[0]] = e
-                ready_wm[nready[0]] = wm[r]
-                nready[0] += 1
+            fresh = meta[b, 0]
+            e = find_or_insert(slots, ent, live, acc_i, acc_f, arena, meta, b, khash[r], kw0[r], kw1[r], w,
+                               kdata, ks, ke)
+            if e == fresh or ts[r] > ent[b, e, TS]:
+                ent[b, e, TS] = ts[r]
+            if seq[r] > ent[b, e, AUX]:
+                ent[b, e, AUX] = seq[r]
+            _update(acc_i, acc_f, arena, meta, b, e, r, ts, seq, ops, cols, sis, sfs,
+                    vals_i, vals_f, valid, soff, slen, sdata)
+            if q == w + size - 1:
+                m = nready[0]
+                ready_b[m] = b
+                ready_e[m] = e
+                ready_wm[m] = wm[r]
+                nready[0] = m + 1
             k -= 1
     return n
 
@@ -196,7 +196,9 @@ class Program:
         self.ops, self.cols = np.array(ops, np.int64), np.array(cols, np.int64)
         self.sis, self.sfs = np.array(sis, np.int64), np.array(sfs, np.int64)
         self.n_int, self.n_float, self.str_slots = n_int, n_float, str_slots
-        self.has_strings = bool(str_slots)
+        # per value column: how many string functions copy its values into the arena
+        self.string_uses = [sum(1 for op, c in zip(ops, cols) if c == i and op in (MIN_S, MAX_S, FIRST_S, LAST_S))
+                            for i in range(len(self.fields))]
 
     def inputs(self, batch: pa.RecordBatch):
         """(vals_i, vals_f, valid, soff, slen, sdata, rowstr): the value columns as kernel arrays."""
@@ -215,7 +217,7 @@ class Program:
                 off = off.astype(np.int64)
                 soff[c] = off[:-1] + (base - off[0])
                 slen[c] = np.diff(off)
-                rowstr += slen[c]
+                rowstr += slen[c] * self.string_uses[c]  # arena bytes each window may append
                 datas.append(data[off[0]:off[-1]])
                 base += int(off[-1] - off[0])
             else:
@@ -229,10 +231,13 @@ class Program:
         sdata = np.concatenate(datas) if datas else np.zeros(1, np.uint8)
         return vals_i, vals_f, valid, soff, slen, sdata, rowstr
 
-    def results(self, table: KeyTable, idx: np.ndarray) -> list[pa.Array]:
-        """One Arrow column per function for entries ``idx``."""
+    def kernel_args(self):
+        return (self.ops, self.cols, self.sis, self.sfs)
+
+    def results(self, table: BinnedTable, b: np.ndarray, e: np.ndarray) -> list[pa.Array]:
+        """One Arrow column per function for entries (``b``, ``e``)."""
         out = []
-        ai, af, arena = table.acc_i[idx], table.acc_f[idx], table.arena
+        ai, af = table.acc_i[b, e], table.acc_f[b, e]
         for j, fn in enumerate(self.funcs.values()):
             op, si, sf = self.ops[j], self.sis[j], self.sfs[j]
             t = self.schema.fields.get(fn.field) if fn.field else None
@@ -254,14 +259,9 @@ class Program:
             else:  # string min/max/first/last
                 has = ai[:, si + 2] > 0 if op in (MIN_S, MAX_S) else ai[:, si + 4] > 0
                 lens = np.where(has, ai[:, si + 1], 0)
-                off, data = _gather(arena, ai[:, si], lens)
+                off, data = gather_binned(table.arena, b, ai[:, si], lens)
                 out.append(columns.string_array(off, data, has))
         return out
-
-
-def _gather(arena, starts, lens):
-    from sparkcep.core.hashing import gather_ranges
-    return gather_ranges(arena, np.ascontiguousarray(starts), np.ascontiguousarray(lens))
 
 
 def _opcode(kind: str, t: str | None) -> int:
@@ -284,8 +284,8 @@ class WindowAggregate:
     """The state and kernels of one Aggregate operator instance.
 
     :meth:`add` takes rows in sequence order; :meth:`fire` emits the windows
-    that the watermark has closed; :meth:`extract` / :meth:`install` move
-    one bin's state.
+    the watermark has closed; :meth:`extract` / :meth:`install` move one
+    bin's state.
     """
 
     def __init__(self, window, by: list[str], funcs: dict[str, AggFunc], schema: Schema,
@@ -293,94 +293,105 @@ class WindowAggregate:
         self.window, self.by, self.schema, self.out_schema = window, by, schema, out_schema
         self.key_fields = {f: schema.fields[f] for f in by}
         self.program = Program(funcs, schema)
-        self.table = KeyTable(self.program.n_int, self.program.n_float, self.program.str_slots)
-        self.bin_mask = bins - 1
+        p = self.program
+        self.table = BinnedTable(bins, p.n_int, p.n_float, p.str_slots)
+        self.bins = bins
         self.late = 0
         self.tuple_window = isinstance(window, TupleWindow)
-        self._ready = np.zeros(0, np.int64)
-        self._ready_wm = np.zeros(0, np.int64)
+        self.lowest_start = None  # no open window starts before this (time windows)
 
     def route(self, batch: pa.RecordBatch):
-        """(key offsets, key bytes, hashes, bins) of a batch."""
+        """(hashes, key words, key offsets, key bytes, bins) of a batch: the kernels' ``K``."""
         if self.by:
             koff, kdata = columns.encode_keys(batch, self.by)
         else:
             koff, kdata = np.zeros(batch.num_rows + 1, np.int64), np.zeros(1, np.uint8)
-        h = hash_rows(koff, kdata)
-        return koff, kdata, h, (h & np.uint64(self.bin_mask)).astype(np.int64)
+        h, w0, w1 = hash_words(koff, kdata)
+        return h, w0, w1, koff, kdata, (h & np.uint64(self.bins - 1)).astype(np.int64)
 
     def add(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
-        """Add a batch (sorted by sequence number); returns full tuple windows, if any."""
+        """Add a batch sorted by sequence number; returns the tuple windows it filled."""
         n = batch.num_rows
         if n == 0:
             return []
-        koff, kdata, h, b = self.route(batch)
+        K = self.route(batch)
+        order = bin_order(K[5], self.bins)
         ts = batch.column(columns.TS).to_numpy()
         wm = batch.column(columns.WM).to_numpy()
         seq = batch.column(columns.SEQ).to_numpy()
-        vals = self.program.inputs(batch)
-        rowstr = vals[-1]
-        p, t = self.program, self.table
-        r = 0
+        *V, rowstr = self.program.inputs(batch)
+        P, V, w = self.program.kernel_args(), tuple(V), self.window
+        pos = 0
         if self.tuple_window:
-            w = self.window
-            nwin = (w.size + w.advance - 1) // w.advance + 1
-            ready = np.empty(n * nwin, np.int64)
-            ready_wm = np.empty(n * nwin, np.int64)
+            cap = n * ((w.size + w.advance - 1) // w.advance + 1)
+            ready_b, ready_e, ready_wm = np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap, np.int64)
             nready = np.zeros(1, np.int64)
-        else:
-            late = np.zeros(n, np.bool_)
-        while r < n:
-            chunk = min(n - r, 4096)
-            t.reserve(chunk * 2, int(np.sum(np.diff(koff[r:r + chunk + 1]))) + int(rowstr[r:r + chunk].sum()) * 2)
-            t = self.table
-            common = (h, koff, kdata, b, ts, wm, seq)
-            state = (p.ops, p.cols, p.sis, p.sfs) + vals[:-1] + (
-                t.slots, t.e_hash, t.e_wstart, t.e_koff, t.e_klen, t.e_bin, t.e_live, t.e_aux, t.e_ts,
-                t.acc_i, t.acc_f, t.arena, t.meta)
-            if self.tuple_window:
-                r = accumulate_tuples(r, *common, w.size, w.advance, rowstr, *state, ready, ready_wm, nready)
-            else:
-                w = self.window
-                r = accumulate_time(r, *common, w.size_us, w.advance_us, w.lateness_us, rowstr, *state, late)
-        if self.tuple_window:
+            while pos < n:
+                pos = accumulate_tuples(pos, order, K, ts, wm, seq, w.size, w.advance, rowstr, P, V,
+                                        self.table.arrays, ready_b, ready_e, ready_wm, nready)
+                self._grow_for(pos, n, K, rowstr)
             m = int(nready[0])
-            return self._emit(ready[:m], ready_wm[:m]) if m else []
+            return self._emit(ready_b[:m], ready_e[:m], ready_wm[:m]) if m else []
+        late = np.zeros(n, np.bool_)
+        while pos < n:
+            pos = accumulate_time(pos, order, K, ts, wm, seq, w.size_us, w.advance_us, w.lateness_us, rowstr,
+                                  P, V, self.table.arrays, late)
+            self._grow_for(pos, n, K, rowstr)
         self.late += int(late.sum())
+        first = int(((ts.min() - w.size_us) // w.advance_us + 1) * w.advance_us)
+        self.lowest_start = first if self.lowest_start is None else min(self.lowest_start, first)
         return []
 
+    def _grow_for(self, pos: int, n: int, K, rowstr) -> None:
+        if pos < n:
+            w = self.window
+            nwin = (w.size + w.advance - 1) // w.advance + 1 if self.tuple_window else \
+                (w.size_us + w.advance_us - 1) // w.advance_us
+            koff = K[3]
+            self.table.grow(nwin * 8, nwin * 8 * int(koff[-1] - koff[0] + rowstr.sum()) // max(n, 1) + 64)
+
     def fire(self, watermark: int | None) -> list[pa.RecordBatch]:
-        """Emit and drop the time windows that end at or before ``watermark - lateness`` (None: all)."""
-        if self.tuple_window:
+        """Emit and drop the time windows ending at or before ``watermark - lateness`` (None: all)."""
+        if self.tuple_window or self.lowest_start is None:
             return []
         w = self.window
-        limit = np.iinfo(np.int64).max if watermark is None else watermark - w.lateness_us - w.size_us
-        idx = self.table.select(max_wstart=limit)
-        return self._emit(idx, None) if len(idx) else []
+        if watermark is None:
+            limit = np.iinfo(np.int64).max
+        else:
+            limit = watermark - w.lateness_us - w.size_us
+            if limit < self.lowest_start:
+                return []
+        b, e = self.table.select(max_wstart=limit)
+        self.lowest_start = None if watermark is None else (limit // w.advance_us + 1) * w.advance_us
+        return self._emit(b, e, None) if len(e) else []
 
-    def _emit(self, idx: np.ndarray, wm: np.ndarray | None) -> list[pa.RecordBatch]:
+    def _emit(self, b: np.ndarray, e: np.ndarray, wm: np.ndarray | None) -> list[pa.RecordBatch]:
         t = self.table
-        starts = t.e_wstart[idx]
+        ent = t.ent[b, e]
+        starts = ent[:, WSTART]
         if self.tuple_window:
             ends = starts + self.window.size
             cols = [pa.array(starts, pa.int64()), pa.array(ends, pa.int64())]
-            ts = t.e_ts[idx]
+            ts = ent[:, TS]
         else:
             ends = starts + self.window.size_us
             cols = [pa.array(starts, pa.timestamp("us")), pa.array(ends, pa.timestamp("us"))]
             ts = ends - 1
             wm = ts
         if self.by:
-            cols += columns.decode_keys(t.arena, t.e_koff[idx], t.e_klen[idx], self.key_fields)
-        cols += self.program.results(t, idx)
-        cols += [pa.array(t.e_aux[idx], pa.int64()), pa.array(ts, pa.int64()), pa.array(wm, pa.int64())]
-        names = self.out_schema.names + list(columns.HIDDEN)
-        out = pa.RecordBatch.from_arrays(cols, names=names)
-        t.delete(idx)
+            cols += columns.decode_keys(t.arena, b, ent[:, KOFF], ent[:, KLEN], self.key_fields)
+        cols += self.program.results(t, b, e)
+        cols += [pa.array(ent[:, AUX], pa.int64()), pa.array(ts, pa.int64()), pa.array(wm, pa.int64())]
+        out = pa.RecordBatch.from_arrays(cols, names=self.out_schema.names + list(columns.HIDDEN))
+        t.delete(b, e)
         return [out]
 
-    def extract(self, bin: int) -> KeyTable:
+    def extract(self, bin: int) -> BinnedTable:
+        """Remove and return the state of ``bin``."""
         return self.table.extract(bin)
 
-    def install(self, state: KeyTable) -> None:
-        self.table.install(state)
+    def install(self, bin: int, state: BinnedTable) -> None:
+        """Add a bin's state taken from another instance with :meth:`extract`."""
+        self.table.install(bin, state)
+        if not self.tuple_window:
+            self.lowest_start = np.iinfo(np.int64).min

@@ -48,6 +48,36 @@ def hash_rows(offsets, data):
 
 
 @njit(nogil=True, cache=True)
+def hash_words(offsets, data):
+    """(hash, first 8 bytes, next 8 bytes) of each encoded key, bytes packed little-endian.
+
+    The two words let tables compare keys of up to 16 bytes without touching
+    their key arena.
+    """
+    n = len(offsets) - 1
+    h = np.empty(n, np.uint64)
+    w0 = np.zeros(n, np.int64)
+    w1 = np.zeros(n, np.int64)
+    for i in range(n):
+        s, e = offsets[i], offsets[i + 1]
+        x = FNV_OFFSET
+        a = np.uint64(0)
+        c = np.uint64(0)
+        for k in range(s, e):
+            byte = np.uint64(data[k])
+            x = (x ^ byte) * FNV_PRIME
+            j = k - s
+            if j < 8:
+                a |= byte << np.uint64(8 * j)
+            elif j < 16:
+                c |= byte << np.uint64(8 * (j - 8))
+        h[i] = _mix(x)
+        w0[i] = np.int64(a)
+        w1[i] = np.int64(c)
+    return h, w0, w1
+
+
+@njit(nogil=True, cache=True)
 def bins_of(hashes, mask):
     """Bin (route-key bucket) of each hash: the low bits, ``mask`` = bins - 1."""
     out = np.empty(len(hashes), np.int64)
@@ -97,42 +127,45 @@ def write_string(out, cursor, offsets, data, valid):
 
 
 @njit(nogil=True, cache=True)
-def read_fixed(arena, starts, skip_kinds, col):
-    """Decode field ``col`` (fixed width) of keys starting at ``starts``: (bits, valid)."""
+def read_fixed(arena, bins, starts, skip_kinds, col):
+    """Decode field ``col`` (fixed width) of keys at ``arena[bins[i], starts[i]:]``: (bits, valid)."""
     n = len(starts)
     bits = np.zeros(n, np.uint64)
     valid = np.zeros(n, np.bool_)
     for i in range(n):
-        c = _skip(arena, starts[i], skip_kinds, col)
-        valid[i] = arena[c] == 1
+        a = arena[bins[i]]
+        c = _skip(a, starts[i], skip_kinds, col)
+        valid[i] = a[c] == 1
         v = np.uint64(0)
         for k in range(8):
-            v |= np.uint64(arena[c + 1 + k]) << np.uint64(8 * k)
+            v |= np.uint64(a[c + 1 + k]) << np.uint64(8 * k)
         bits[i] = v
     return bits, valid
 
 
 @njit(nogil=True, cache=True)
-def read_string(arena, starts, skip_kinds, col):
-    """Decode string field ``col`` of keys starting at ``starts``: (offsets, data, valid)."""
+def read_string(arena, bins, starts, skip_kinds, col):
+    """Decode string field ``col`` of keys at ``arena[bins[i], starts[i]:]``: (offsets, data, valid)."""
     n = len(starts)
     offsets = np.zeros(n + 1, np.int64)
     valid = np.zeros(n, np.bool_)
     total = 0
     for i in range(n):
-        c = _skip(arena, starts[i], skip_kinds, col)
+        a = arena[bins[i]]
+        c = _skip(a, starts[i], skip_kinds, col)
         ln = 0
         for k in range(4):
-            ln |= np.int64(arena[c + 1 + k]) << (8 * k)
-        valid[i] = arena[c] == 1
+            ln |= np.int64(a[c + 1 + k]) << (8 * k)
+        valid[i] = a[c] == 1
         total += ln
         offsets[i + 1] = total
     data = np.empty(total, np.uint8)
     for i in range(n):
-        c = _skip(arena, starts[i], skip_kinds, col)
+        a = arena[bins[i]]
+        c = _skip(a, starts[i], skip_kinds, col)
         s = offsets[i]
         for k in range(offsets[i + 1] - s):
-            data[s + k] = arena[c + 5 + k]
+            data[s + k] = a[c + 5 + k]
     return offsets, data, valid
 
 
@@ -172,16 +205,15 @@ def write_raw_nullable(offsets, data, valid):
 
 
 @njit(nogil=True, cache=True)
-def gather_ranges(data, starts, lengths):
-    """Offsets and bytes of the byte ranges ``data[starts[i]:starts[i]+lengths[i]]``."""
+def gather_binned(arena, bins, starts, lengths):
+    """Offsets and bytes of ``arena[bins[i], starts[i]:starts[i]+lengths[i]]``."""
     n = len(starts)
     out_off = np.zeros(n + 1, np.int64)
     for i in range(n):
         out_off[i + 1] = out_off[i] + lengths[i]
     out = np.empty(out_off[n], np.uint8)
     for i in range(n):
-        s = starts[i]
-        d = out_off[i]
+        b, s, d = bins[i], starts[i], out_off[i]
         for k in range(lengths[i]):
-            out[d + k] = data[s + k]
+            out[d + k] = arena[b, s + k]
     return out_off, out

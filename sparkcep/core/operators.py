@@ -115,9 +115,11 @@ class StatefulOp(PhysicalOperator):
         return []
 
     def extract(self, bin: int):
+        """Remove and return the state of ``bin`` (for migration and replica catch-up)."""
         raise NotImplementedError
 
-    def install(self, state) -> None:
+    def install(self, bin: int, state) -> None:
+        """Take over the state of ``bin`` extracted from another instance."""
         raise NotImplementedError
 
 
@@ -143,8 +145,8 @@ class AggregateOp(StatefulOp):
     def extract(self, bin):
         return self.agg.extract(bin)
 
-    def install(self, state):
-        self.agg.install(state)
+    def install(self, bin, state):
+        self.agg.install(bin, state)
 
 
 class JoinOp(StatefulOp):
@@ -173,7 +175,7 @@ class JoinOp(StatefulOp):
     def extract(self, bin):
         return self.join.extract(bin)
 
-    def install(self, state):
+    def install(self, bin, state):
         self.join.install(state)
 
 
@@ -213,10 +215,11 @@ class CustomOp(StatefulOp):
         return [out]
 
     def extract(self, bin):
-        return {bin: self.state.pop(bin)} if bin in self.state else {}
+        return self.state.pop(bin, None)
 
-    def install(self, state):
-        self.state.update(state)
+    def install(self, bin, state):
+        if state is not None:
+            self.state[bin] = state
 
 
 def _take_ready(batches: list[pa.RecordBatch], frontier: int):

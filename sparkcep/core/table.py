@@ -1,15 +1,20 @@
-"""The keyed state table of windowed operators.
+"""The keyed state of windowed operators, kept per bin.
 
-One open-addressing hash table per operator instance, over plain numpy
-arrays. An entry is (encoded key bytes, window start) plus accumulator slots;
-each entry is tagged with its bin (route-key bucket), so the entries of one
-bin can be extracted into a new table and installed into another — the
-single state interface that migration and replication build on
-(DESIGN.md §5). Deleted entries leave tombstones; the table compacts itself
-when they or the key arena grow past the live data.
+Every array has the bin (route-key bucket) as its first dimension: each bin
+is a small open-addressing hash table of entries keyed by (encoded key
+bytes, window start), with accumulator slots, key bytes and string values in
+the bin's own arena. A batch is processed bin after bin (rows radix-ordered
+by bin, keeping sequence order within a bin), so the table being probed is
+small enough to stay in cache; and a bin's state is one slice of each array,
+so extracting and installing a bin — the interface migration and replication
+build on (DESIGN.md §5) — is a copy.
 
-Kernels take the table's arrays explicitly (numba caches plain functions,
-not classes); :class:`KeyTable` owns the arrays and grows them.
+Kernels take the arrays as one tuple ``T`` (numba caches plain functions,
+not classes) and unpack it once, outside their loops: unpacking it per row
+costs tens of ns in reference counting. The per-row helpers are inlined and
+take the arrays they touch. :class:`BinnedTable` owns the arrays and resizes
+them. All bins share one capacity: keys hash uniformly over bins, so they
+fill evenly.
 """
 
 from __future__ import annotations
@@ -17,231 +22,275 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from sparkcep.core.hashing import hash_range
-
 EMPTY, TOMB = -1, -2
 COUNTER = np.iinfo(np.int64).min  # window start of a per-group tuple counter entry
-# meta fields
-N_ENTRIES, ARENA_USED, N_LIVE, N_TOMB = 0, 1, 2, 3
+N_ENTRIES, ARENA_USED, N_LIVE, N_TOMB = 0, 1, 2, 3  # meta columns, per bin
+WSTART, KOFF, KLEN, AUX, TS, HASH, K0, K1 = range(8)  # entry columns: one 64-byte line per entry
+# AUX: counters: tuples seen; windows: max sequence number. TS: windows: max event time.
+# K0, K1: the key's first 16 bytes, so short keys compare without reading the arena.
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def slot_hash(h, wstart):
+    """The hash that places (key, window start) in a bin's slots."""
+    x = h ^ (np.uint64(wstart) * GOLDEN)
+    x ^= x >> np.uint64(29)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(32)
+    return np.int64(x)
 
 
 @njit(nogil=True, cache=True)
-def find_or_insert(slots, e_hash, e_wstart, e_koff, e_klen, e_bin, e_live, arena, meta,
-                   h, wstart, kdata, ks, ke, b):
-    """Entry index of (key, wstart), inserting it if absent. Caller ensured capacity."""
-    mask = len(slots) - 1
-    i = np.int64(h & np.uint64(mask))
+def find_or_insert(slots, ent, live, acc_i, acc_f, arena, meta, b, h, w0, w1, wstart, kdata, ks, ke):
+    """Entry of (key, wstart) in bin ``b``, inserted if absent; -1 when the bin is full.
+
+    ``w0``/``w1`` are the key's first 16 bytes (see ``hashing.hash_words``).
+    """
+    S = slots.shape[1]
+    mask = S - 1
+    hw = slot_hash(h, wstart)
+    i = hw & mask
     tomb = -1
     klen = ke - ks
     while True:
-        e = slots[i]
+        e = slots[b, i, 1]
         if e == EMPTY:
             break
         if e == TOMB:
             if tomb < 0:
                 tomb = i
-        elif e_hash[e] == h and e_wstart[e] == wstart and e_klen[e] == klen:
-            o = e_koff[e]
+        elif (slots[b, i, 0] == hw) & (ent[b, e, WSTART] == wstart) & (ent[b, e, KLEN] == klen) \
+                & (ent[b, e, K0] == w0) & (ent[b, e, K1] == w1):
+            if klen <= 16:
+                return e
+            o = ent[b, e, KOFF]
             same = True
-            for k in range(klen):
-                if arena[o + k] != kdata[ks + k]:
+            for k in range(16, klen):
+                if arena[b, o + k] != kdata[ks + k]:
                     same = False
                     break
             if same:
                 return e
         i = (i + 1) & mask
+    e = meta[b, N_ENTRIES]
+    o = meta[b, ARENA_USED]
+    if e >= ent.shape[1] or o + klen > arena.shape[1] or (meta[b, N_LIVE] + meta[b, N_TOMB] + 1) * 2 > S:
+        return -1
     if tomb >= 0:
         i = tomb
-        meta[N_TOMB] -= 1
-    e = meta[N_ENTRIES]
-    meta[N_ENTRIES] = e + 1
-    meta[N_LIVE] += 1
-    slots[i] = e
-    o = meta[ARENA_USED]
+        meta[b, N_TOMB] -= 1
+    slots[b, i, 0] = hw
+    slots[b, i, 1] = e
     for k in range(klen):
-        arena[o + k] = kdata[ks + k]
-    meta[ARENA_USED] = o + klen
-    e_hash[e] = h
-    e_wstart[e] = wstart
-    e_koff[e] = o
-    e_klen[e] = klen
-    e_bin[e] = b
-    e_live[e] = True
+        arena[b, o + k] = kdata[ks + k]
+    meta[b, N_ENTRIES] = e + 1
+    meta[b, ARENA_USED] = o + klen
+    meta[b, N_LIVE] += 1
+    ent[b, e, WSTART] = wstart
+    ent[b, e, KOFF] = o
+    ent[b, e, KLEN] = klen
+    ent[b, e, AUX] = 0
+    ent[b, e, TS] = 0
+    ent[b, e, HASH] = np.int64(h)
+    ent[b, e, K0] = w0
+    ent[b, e, K1] = w1
+    live[b, e] = True
+    for k in range(acc_i.shape[2]):
+        acc_i[b, e, k] = 0
+    for k in range(acc_f.shape[2]):
+        acc_f[b, e, k] = 0.0
     return e
 
 
+@njit(nogil=True, cache=True, inline="always")
+def room(slots, ent, arena, meta, b, entries, nbytes):
+    """Whether bin ``b`` can take ``entries`` more entries and ``nbytes`` more arena bytes."""
+    return (meta[b, N_ENTRIES] + entries <= ent.shape[1] and meta[b, ARENA_USED] + nbytes <= arena.shape[1]
+            and (meta[b, N_LIVE] + meta[b, N_TOMB] + entries) * 2 <= slots.shape[1])
+
+
 @njit(nogil=True, cache=True)
-def delete_entries(slots, e_hash, e_live, meta, idx):
-    mask = len(slots) - 1
-    for j in range(len(idx)):
-        e = idx[j]
-        i = np.int64(e_hash[e] & np.uint64(mask))
-        while slots[i] != e:
+def delete_entries(T, bins, entries):
+    slots, ent, live, acc_i, acc_f, arena, meta = T
+    mask = slots.shape[1] - 1
+    for j in range(len(entries)):
+        b, e = bins[j], entries[j]
+        i = slot_hash(np.uint64(ent[b, e, HASH]), ent[b, e, WSTART]) & mask
+        while slots[b, i, 1] != e:
             i = (i + 1) & mask
-        slots[i] = TOMB
-        e_live[e] = False
-    meta[N_LIVE] -= len(idx)
-    meta[N_TOMB] += len(idx)
+        slots[b, i, 1] = TOMB
+        live[b, e] = False
+        meta[b, N_LIVE] -= 1
+        meta[b, N_TOMB] += 1
 
 
 @njit(nogil=True, cache=True)
-def copy_entries(src_wstart, src_koff, src_klen, src_hash, src_bin, src_aux, src_ts, src_acc_i, src_acc_f,
-                 src_arena, idx, str_slots,
-                 slots, e_hash, e_wstart, e_koff, e_klen, e_bin, e_live, e_aux, e_ts, acc_i, acc_f, arena, meta):
-    """Insert entries ``idx`` of a source table (keys, accumulators, string values) into a table."""
-    for j in range(len(idx)):
-        s = idx[j]
-        ks = src_koff[s]
-        e = find_or_insert(slots, e_hash, e_wstart, e_koff, e_klen, e_bin, e_live, arena, meta,
-                           src_hash[s], src_wstart[s], src_arena, ks, ks + src_klen[s], src_bin[s])
-        e_aux[e] = src_aux[s]
-        e_ts[e] = src_ts[s]
-        acc_i[e, :] = src_acc_i[s, :]
-        acc_f[e, :] = src_acc_f[s, :]
+def copy_bin(S, sb, T, tb, str_slots):
+    """Insert the live entries of bin ``sb`` of table S into bin ``tb`` of table T (room ensured)."""
+    s_slots, s_ent, s_live, s_acc_i, s_acc_f, s_arena, s_meta = S
+    slots, ent, live, acc_i, acc_f, arena, meta = T
+    for s in range(s_meta[sb, N_ENTRIES]):
+        if not s_live[sb, s]:
+            continue
+        ks = s_ent[sb, s, KOFF]
+        e = find_or_insert(slots, ent, live, acc_i, acc_f, arena, meta, tb, np.uint64(s_ent[sb, s, HASH]),
+                           s_ent[sb, s, K0], s_ent[sb, s, K1], s_ent[sb, s, WSTART], s_arena[sb], ks,
+                           ks + s_ent[sb, s, KLEN])
+        ent[tb, e, AUX] = s_ent[sb, s, AUX]
+        ent[tb, e, TS] = s_ent[sb, s, TS]
+        for k in range(acc_i.shape[2]):
+            acc_i[tb, e, k] = s_acc_i[sb, s, k]
+        for k in range(acc_f.shape[2]):
+            acc_f[tb, e, k] = s_acc_f[sb, s, k]
         for q in range(len(str_slots)):
             c = str_slots[q]
-            n = src_acc_i[s, c + 1]
-            o = meta[ARENA_USED]
-            so = src_acc_i[s, c]
+            n = s_acc_i[sb, s, c + 1]
+            o = meta[tb, ARENA_USED]
+            so = s_acc_i[sb, s, c]
             for k in range(n):
-                arena[o + k] = src_arena[so + k]
-            acc_i[e, c] = o
-            meta[ARENA_USED] = o + n
+                arena[tb, o + k] = s_arena[sb, so + k]
+            acc_i[tb, e, c] = o
+            meta[tb, ARENA_USED] = o + n
 
 
 @njit(nogil=True, cache=True)
-def live_where(e_live, e_wstart, e_bin, n, max_wstart, want_bin, counters):
-    """Live entries with window start <= ``max_wstart`` (and bin ``want_bin`` when >= 0).
+def live_bytes(T, str_slots):
+    """Per bin: (live entries, arena bytes the live entries use)."""
+    slots, ent, live, acc_i, acc_f, arena, meta = T
+    B = meta.shape[0]
+    out = np.zeros((B, 2), np.int64)
+    for b in range(B):
+        for e in range(meta[b, N_ENTRIES]):
+            if live[b, e]:
+                out[b, 0] += 1
+                out[b, 1] += ent[b, e, KLEN]
+                for q in range(len(str_slots)):
+                    out[b, 1] += acc_i[b, e, str_slots[q] + 1]
+    return out
 
-    ``counters``: include tuple-counter entries (only when extracting bins).
+
+@njit(nogil=True, cache=True)
+def select(T, max_wstart, want_bin, counters):
+    """(bins, entries) of live window entries with start <= ``max_wstart``, bin-major, creation order.
+
+    ``want_bin`` >= 0 limits to one bin; ``counters`` includes tuple counters.
     """
-    out = np.empty(n, np.int64)
+    slots, ent, live, acc_i, acc_f, arena, meta = T
+    n = 0
+    for b in range(meta.shape[0]):
+        n += meta[b, N_LIVE]
+    ob = np.empty(n, np.int64)
+    oe = np.empty(n, np.int64)
     m = 0
-    for e in range(n):
-        if not e_live[e]:
+    for b in range(meta.shape[0]):
+        if want_bin >= 0 and b != want_bin:
             continue
-        w = e_wstart[e]
-        if w == COUNTER:
-            if not counters:
+        for e in range(meta[b, N_ENTRIES]):
+            if not live[b, e]:
                 continue
-        elif w > max_wstart:
-            continue
-        if want_bin >= 0 and e_bin[e] != want_bin:
-            continue
-        out[m] = e
-        m += 1
-    return out[:m]
+            w = ent[b, e, WSTART]
+            if (w == COUNTER and not counters) or (w != COUNTER and w > max_wstart):
+                continue
+            ob[m] = b
+            oe[m] = e
+            m += 1
+    return ob[:m], oe[:m]
 
 
-class KeyTable:
-    """Entries keyed by (key bytes, window start) with ``n_int``/``n_float`` accumulator slots.
+@njit(nogil=True, cache=True)
+def bin_order(bins, n_bins):
+    """Row order grouping rows by bin, sequence order kept within a bin (counting sort)."""
+    counts = np.zeros(n_bins + 1, np.int64)
+    for i in range(len(bins)):
+        counts[bins[i] + 1] += 1
+    for b in range(n_bins):
+        counts[b + 1] += counts[b]
+    order = np.empty(len(bins), np.int64)
+    for i in range(len(bins)):
+        b = bins[i]
+        order[counts[b]] = i
+        counts[b] += 1
+    return order
+
+
+class BinnedTable:
+    """Entries keyed by (key bytes, window start) in ``bins`` bins, with accumulator slots.
 
     ``str_slots`` lists the int slots holding an arena offset of a string
-    value (its length is in the next slot), so copies and compaction move the
-    bytes with them.
+    value (its length is in the next slot), so copies move the bytes too.
     """
 
-    def __init__(self, n_int: int, n_float: int, str_slots=(), capacity: int = 1024, arena_bytes: int = 1 << 16):
-        self.n_int, self.n_float = n_int, n_float
+    def __init__(self, bins: int, n_int: int, n_float: int, str_slots=(), entries: int = 16, arena_bytes: int = 256):
+        self.n_bins, self.n_int, self.n_float = bins, n_int, n_float
         self.str_slots = np.asarray(str_slots, np.int64)
-        cap = 1 << max(4, int(capacity - 1).bit_length())
-        self.slots = np.full(cap * 2, EMPTY, np.int64)
-        self.e_hash = np.zeros(cap, np.uint64)
-        self.e_wstart = np.zeros(cap, np.int64)
-        self.e_koff = np.zeros(cap, np.int64)
-        self.e_klen = np.zeros(cap, np.int64)
-        self.e_bin = np.zeros(cap, np.int64)
-        self.e_live = np.zeros(cap, np.bool_)
-        self.e_aux = np.zeros(cap, np.int64)   # counter entries: tuples seen; windows: max sequence number
-        self.e_ts = np.zeros(cap, np.int64)    # windows: max event time
-        self.acc_i = np.zeros((cap, n_int), np.int64)
-        self.acc_f = np.zeros((cap, n_float), np.float64)
-        self.arena = np.zeros(arena_bytes, np.uint8)
-        self.meta = np.zeros(4, np.int64)
+        E = 1 << max(3, int(entries - 1).bit_length())
+        slots = np.zeros((bins, 2 * E, 2), np.int64)   # (hash of key and window start, entry)
+        slots[:, :, 1] = EMPTY
+        self.arrays = (
+            slots,
+            np.zeros((bins, E, 8), np.int64),             # entry columns WSTART..K1
+            np.zeros((bins, E), np.bool_),                # entry is live
+            np.zeros((bins, E, n_int), np.int64),         # int accumulators
+            np.zeros((bins, E, n_float), np.float64),     # float accumulators
+            np.zeros((bins, max(64, int(arena_bytes))), np.uint8),  # key bytes and string values
+            np.zeros((bins, 4), np.int64),                # meta per bin
+        )
 
-    # --- sizes -------------------------------------------------------------
     @property
-    def n_entries(self) -> int:
-        return int(self.meta[N_ENTRIES])
+    def ent(self): return self.arrays[1]
+    @property
+    def acc_i(self): return self.arrays[3]
+    @property
+    def acc_f(self): return self.arrays[4]
+    @property
+    def arena(self): return self.arrays[5]
+    @property
+    def meta(self): return self.arrays[6]
 
     @property
     def n_live(self) -> int:
-        return int(self.meta[N_LIVE])
+        return int(self.meta[:, N_LIVE].sum())
 
+    @property
     def nbytes(self) -> int:
-        return int(sum(a.nbytes for a in self.arrays()) + self.slots.nbytes + self.arena.nbytes)
+        return sum(a.nbytes for a in self.arrays)
 
-    def arrays(self):
-        return (self.e_hash, self.e_wstart, self.e_koff, self.e_klen, self.e_bin, self.e_live,
-                self.e_aux, self.e_ts, self.acc_i, self.acc_f)
+    def grow(self, entries: int = 0, arena_bytes: int = 0) -> None:
+        """Rebuild with room for ``entries`` more entries and ``arena_bytes`` more bytes in every bin.
 
-    def reserve(self, entries: int, arena_bytes: int) -> None:
-        """Make room for ``entries`` more entries and ``arena_bytes`` more key/value bytes."""
-        need_e = self.n_entries + entries
-        need_a = int(self.meta[ARENA_USED]) + arena_bytes
-        load = self.n_live + int(self.meta[N_TOMB]) + entries
-        if need_e <= len(self.e_hash) and need_a <= len(self.arena) and load * 10 <= len(self.slots) * 7:
-            return
-        live_arena = need_a - int(self.meta[ARENA_USED]) + self._live_arena_estimate()
-        cap = len(self.e_hash)
-        while (self.n_live + entries) * 2 > cap:
-            cap *= 2
-        arena = len(self.arena)
-        while live_arena * 2 > arena:
-            arena *= 2
-        self._rebuild(cap, arena)
+        Dead entries and tombstones are dropped on the way.
+        """
+        live = live_bytes(self.arrays, self.str_slots)
+        fresh = BinnedTable(self.n_bins, self.n_int, self.n_float, self.str_slots,
+                            2 * int(live[:, 0].max()) + entries, 2 * int(live[:, 1].max()) + arena_bytes)
+        for b in range(self.n_bins):
+            copy_bin(self.arrays, b, fresh.arrays, b, self.str_slots)
+        self.arrays = fresh.arrays
 
-    def _live_arena_estimate(self) -> int:
-        n = self.n_entries
-        used = int(self.e_klen[:n][self.e_live[:n]].sum())
-        for c in self.str_slots:
-            used += int(self.acc_i[:n, c + 1][self.e_live[:n]].sum())
-        return used
+    def delete(self, bins: np.ndarray, entries: np.ndarray) -> None:
+        delete_entries(self.arrays, bins, entries)
 
-    def _rebuild(self, cap: int, arena_bytes: int) -> None:
-        fresh = KeyTable(self.n_int, self.n_float, self.str_slots, cap, arena_bytes)
-        idx = np.flatnonzero(self.e_live[: self.n_entries])
-        fresh.copy_from(self, idx)
-        self.__dict__.update(fresh.__dict__)
+    def select(self, max_wstart: int = np.iinfo(np.int64).max, bin: int = -1, counters: bool = False):
+        """(bins, entries) of live window entries starting at or before ``max_wstart``."""
+        return select(self.arrays, max_wstart, bin, counters)
 
-    # --- entries -----------------------------------------------------------
-    def copy_from(self, src: "KeyTable", idx: np.ndarray) -> None:
-        """Insert ``src``'s entries ``idx`` (keys, accumulators, string values)."""
-        idx = np.asarray(idx, np.int64)
-        if len(idx) == 0:
-            return
-        extra = int(src.e_klen[idx].sum()) + sum(int(src.acc_i[idx, c + 1].sum()) for c in self.str_slots)
-        self.reserve(len(idx), extra)
-        copy_entries(src.e_wstart, src.e_koff, src.e_klen, src.e_hash, src.e_bin, src.e_aux, src.e_ts,
-                     src.acc_i, src.acc_f, src.arena, idx, self.str_slots,
-                     self.slots, self.e_hash, self.e_wstart, self.e_koff, self.e_klen, self.e_bin, self.e_live,
-                     self.e_aux, self.e_ts, self.acc_i, self.acc_f, self.arena, self.meta)
-
-    def delete(self, idx: np.ndarray) -> None:
-        delete_entries(self.slots, self.e_hash, self.e_live, self.meta, np.asarray(idx, np.int64))
-
-    def select(self, max_wstart: int = np.iinfo(np.int64).max, bin: int = -1, counters: bool = False) -> np.ndarray:
-        """Live window entries with start <= ``max_wstart`` (optionally of one ``bin``), in creation order."""
-        return live_where(self.e_live, self.e_wstart, self.e_bin, self.n_entries, max_wstart, bin, counters)
-
-    def extract(self, bin: int) -> "KeyTable":
-        """Remove and return the entries of ``bin`` (windows and tuple counters) as a new table."""
-        idx = self.select(bin=bin, counters=True)
-        out = KeyTable(self.n_int, self.n_float, self.str_slots, max(16, len(idx)))
-        out.copy_from(self, idx)
-        self.delete(idx)
+    def extract(self, bin: int) -> "BinnedTable":
+        """Remove and return bin ``bin``'s state (windows and tuple counters) as a one-bin table."""
+        live = live_bytes(self.arrays, self.str_slots)[bin]
+        out = BinnedTable(1, self.n_int, self.n_float, self.str_slots, 2 * int(live[0]), int(live[1]) + 64)
+        copy_bin(self.arrays, bin, out.arrays, 0, self.str_slots)
+        self.delete(*self.select(bin=bin, counters=True))
         return out
 
-    def install(self, other: "KeyTable") -> None:
-        """Add every entry of ``other`` (from :meth:`extract`) to this table."""
-        self.copy_from(other, other.select(counters=True))
+    def install(self, bin: int, state: "BinnedTable") -> None:
+        """Add the entries of a one-bin table from :meth:`extract` to bin ``bin``."""
+        live = live_bytes(state.arrays, self.str_slots)[0]
+        slots, ent, _, _, _, arena, meta = self.arrays
+        if not room(slots, ent, arena, meta, bin, int(live[0]), int(live[1])):
+            self.grow(int(live[0]), int(live[1]))
+        copy_bin(state.arrays, 0, self.arrays, bin, self.str_slots)
 
     def bins(self) -> np.ndarray:
-        """The bins that have live entries."""
-        n = self.n_entries
-        return np.unique(self.e_bin[:n][self.e_live[:n]])
-
-
-@njit(nogil=True, cache=True)
-def key_hash(kdata, ks, ke):
-    return hash_range(kdata, ks, ke)
+        """The bins holding live entries."""
+        return np.flatnonzero(self.meta[:, N_LIVE] > 0)
