@@ -1,0 +1,112 @@
+"""The upmcep source: clear errors at load(), options, $metrics."""
+
+from __future__ import annotations
+
+import pytest
+from chispa import assert_df_equality
+from conftest import connections, demo_query, spark_df, wait_for
+from pyspark.errors import AnalysisException
+
+COLS = ["ip", "ts", "bytes"]
+
+
+def _load(spark, **options):
+    r = spark.read.format("upmcep")
+    for k, v in options.items():
+        r = r.option(k, v)
+    return r.load()
+
+
+def test_unknown_stream_fails_at_load_with_code(spark, engine):
+    engine.deploy(demo_query())
+    with pytest.raises(AnalysisException, match=r"\[UPMCEP_UNKNOWN_STREAM\].*'nope'.*outputs: \['all'"):
+        spark.readStream.format("upmcep").option("engine", engine.endpoint.address).option("stream", "nope").load()
+
+
+def test_unreachable_engine_fails_at_load(spark, engine):
+    engine.deploy(demo_query())
+    host, port = engine.endpoint.address.split(":")
+    dead = f"{host}:{int(port) + 1 if int(port) < 65535 else 1024}"
+    with pytest.raises(AnalysisException, match=r"\[UPMCEP_ENGINE_NOT_FOUND\]"):
+        _load(spark, engine=dead, stream="all")
+    with pytest.raises(AnalysisException, match=r"\[UPMCEP_ENGINE_ZK_UNSUPPORTED\]"):
+        _load(spark, engine="zk://127.0.0.1:2181/sparkcep", stream="all")
+
+
+def test_option_errors(spark, engine):
+    engine.deploy(demo_query())
+    a = engine.endpoint.address
+    with pytest.raises(AnalysisException, match=r"\[UPMCEP_OPTION\] option 'stream' is required"):
+        spark.read.format("upmcep").option("engine", a).load()
+    with pytest.raises(AnalysisException, match=r"\[UPMCEP_OPTION\] option maxRecordsPerTrigger='-3'"):
+        _load(spark, engine=a, stream="all", maxRecordsPerTrigger="-3")
+    with pytest.raises(AnalysisException, match=r"\[UPMCEP_OPTION\] option startingOffsets='middle'"):
+        _load(spark, engine=a, stream="all", startingOffsets="middle")
+
+
+def test_input_stream_is_not_readable_and_output_not_writable(spark, engine, tmp_path):
+    engine.deploy(demo_query())
+    a = engine.endpoint.address
+    with pytest.raises(Exception, match=r"\[UPMCEP_NOT_READABLE\]"):
+        _load(spark, engine=a, stream="connections").collect()
+    df = spark.createDataFrame(connections(3).to_pandas())
+    with pytest.raises(Exception, match=r"\[UPMCEP_NOT_WRITABLE\]"):
+        df.write.format("upmcep").option("engine", a).option("stream", "all").mode("append").save()
+    with pytest.raises(Exception, match=r"\[UPMCEP_SCHEMA\] column 'extra' is not a field"):
+        df.withColumn("extra", df.bytes).write.format("upmcep").option("engine", a) \
+            .option("stream", "connections").mode("append").save()
+
+
+def test_local_engine_is_found_without_engine_option(spark, engine):
+    """The engine publishes its endpoint in $SPARKCEP_HOME; Spark's processes find it there."""
+    engine.deploy(demo_query())
+    engine.send("connections", connections(50))
+    df = spark.read.format("upmcep").load("all")
+    assert_df_equality(df.select(*COLS), spark_df(spark, engine.collect("all"), COLS), ignore_row_order=True,
+                       ignore_nullable=True)
+
+
+def test_batch_write_and_starting_offsets_latest(spark, engine, tmp_path):
+    engine.deploy(demo_query())
+    a = engine.endpoint.address
+    engine.send("connections", connections(100))
+    stream = (spark.readStream.format("upmcep").option("engine", a).option("stream", "all")
+              .option("startingOffsets", "latest").load())
+    q = stream.writeStream.format("memory").queryName("latest_rows") \
+        .option("checkpointLocation", str(tmp_path / "ck")).start()
+    try:
+        q.processAllAvailable()
+        later = connections(40, start=100)
+        spark.createDataFrame(later.to_pandas()).write.format("upmcep").option("engine", a) \
+            .option("stream", "connections").mode("append").save()  # batch write: 40 rows in
+        q.processAllAvailable()
+    finally:
+        q.stop()
+    got = spark.table("latest_rows")
+    assert_df_equality(got.select(*COLS), spark_df(spark, later, COLS), ignore_row_order=True, ignore_nullable=True)
+    assert sorted(r[0] for r in got.select("_offset").collect()) == list(range(100, 140))
+
+
+def test_metrics_readable_as_stream_and_batch(spark, engine, tmp_path):
+    engine.deploy(demo_query())
+    a = engine.endpoint.address
+    engine.send("connections", connections(123))
+    rows = {r["name"]: r["value"] for r in _load(spark, engine=a, stream="$metrics").collect()}
+    assert rows["sequence"] == 123
+    assert rows["outputs.all"] == 123
+    # a metrics stream never runs dry (a new sample every metricsInterval): poll the sink instead
+    q = (spark.readStream.format("upmcep").option("engine", a).option("stream", "$metrics")
+         .option("metricsInterval", "0.2").load()
+         .writeStream.format("memory").queryName("live_metrics").option("checkpointLocation", str(tmp_path / "ck"))
+         .trigger(processingTime="0.5 seconds").start())
+
+    def sequences():
+        return {r[0] for r in spark.sql("select value from live_metrics where name = 'sequence'").collect()}
+
+    try:
+        wait_for(lambda: 123 in sequences(), 90, "a metrics sample with sequence 123")
+        engine.send("connections", connections(7, start=123))
+        wait_for(lambda: 130 in sequences(), 60, "a metrics sample with sequence 130")
+    finally:
+        q.stop()
+    assert max(sequences()) == 130
