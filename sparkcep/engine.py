@@ -1,9 +1,15 @@
 """The engine: deploy queries, send tuples in, read results out.
 
-``Engine.local(workers=0)`` runs everything in the calling process.
+``Engine.local(workers=0)`` runs everything in the calling process;
+``Engine.local(workers=N)`` starts N instance-manager processes, each pinned
+to a core, and runs the sub-query instances there (UPM-CEP §4). Either way
+the engine process hosts the sources (sequence numbers, event times and
+watermarks are stamped here, in :meth:`Engine.send`) and the output logs.
 """
 
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 import pyarrow as pa
@@ -14,27 +20,50 @@ from sparkcep.core.operators import WM_NONE
 from sparkcep.errors import EngineError, InputError, QueryError, UnknownStreamError
 from sparkcep.query.query import Query
 from sparkcep.runtime.deployment import Deployment
+from sparkcep.runtime.metrics import MetricServer, add_rates, deployment_metrics, late_counts
 from sparkcep.runtime.output_log import OutputLog
 
 
 class Engine:
-    """A running engine. Use :meth:`local` to start one."""
+    """A running engine. Use :meth:`local` to start one.
 
-    def __init__(self, workers: int = 0):
-        if workers != 0:
-            raise EngineError("only workers=0 (everything in this process) is available so far", "WORKERS")
+    With workers, results arrive asynchronously: :meth:`collect` waits until
+    the outputs reflect everything sent so far; :meth:`subscribe` callbacks
+    run on the engine's collector thread.
+    """
+
+    def __init__(self, workers: int = 0, topology=None, start_method: str | None = None,
+                 ring_bytes: int | None = None):
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 0:
+            raise EngineError(f"workers must be an int >= 0, got {workers!r}", "WORKERS")
         self.workers = workers
         self.deployments: dict[str, Deployment] = {}
         self.streams: dict[str, list[Deployment]] = {}
         self.outputs: dict[str, OutputLog] = {}
+        self._producer: dict[str, Deployment] = {}  # output -> the deployment producing it
         self._seq = 0  # the next sequence number: one order over every stream of the engine
         self._ended: set[str] = set()
         self._closed = False
+        self._lock = threading.RLock()
+        self._metric_server = MetricServer()
+        self.pool = None
+        if workers:
+            from sparkcep.runtime.workers import WorkerPool
+            kw = {} if ring_bytes is None else {"ring_bytes": ring_bytes}
+            self.pool = WorkerPool(workers, topology=topology, method=start_method, **kw)
 
     @classmethod
-    def local(cls, workers: int = 0) -> "Engine":
-        """An engine on this machine; ``workers=0`` runs every instance in this process."""
-        engine = cls(workers)
+    def local(cls, workers: int = 0, topology=None, start_method: str | None = None,
+              ring_bytes: int | None = None) -> "Engine":
+        """An engine on this machine.
+
+        ``workers=0`` runs every instance in this process; ``workers=N`` starts
+        N instance managers pinned to cores of ``topology`` (default: this
+        machine's NUMA nodes; a JSON file or sysfs-like directory also works).
+        ``start_method``: ``fork`` / ``forkserver`` / ``spawn`` (default: fork
+        unless other threads run); ``ring_bytes``: capacity of each channel.
+        """
+        engine = cls(workers, topology=topology, start_method=start_method, ring_bytes=ring_bytes)
         # --- loopback endpoint for Spark workers and the CLI (sparkcep.control.endpoint) ---
         from sparkcep.control.endpoint import start_endpoint
         engine.endpoint = start_endpoint(engine)
@@ -48,11 +77,15 @@ class Engine:
         self.close()
 
     def close(self) -> None:
+        if self._closed:
+            return
         self._closed = True
         # --- loopback endpoint ---
         if getattr(self, "endpoint", None) is not None:
             self.endpoint.close()
         # --- end of loopback endpoint ---
+        if self.pool is not None:
+            self.pool.close()
 
     # --- queries -----------------------------------------------------------------
     def deploy(self, query: Query, parallelism=1, bins: int = 128) -> Deployment:
@@ -72,13 +105,36 @@ class Engine:
                                      f"{other.query.name!r} declares it as {other.query.sources[name].schema}")
             if name in self.outputs:
                 raise QueryError(f"stream {name!r} is an output of another query")
-        dep = Deployment(query, parallelism, bins)
-        for out, op in query.outputs.items():
-            self.outputs[out] = dep.logs[out] = OutputLog(op.schema.to_arrow())
-        for name in query.sources:
-            self.streams.setdefault(name, []).append(dep)
-        self.deployments[query.name] = dep
+        with self._lock:
+            if self.pool is None:
+                dep = Deployment(query, parallelism, bins)
+            else:
+                from sparkcep.runtime.workers import WorkerDeployment
+                dep = WorkerDeployment(self.pool, query, parallelism, bins)
+            for out, op in query.outputs.items():
+                self.outputs[out] = dep.logs[out] = OutputLog(op.schema.to_arrow())
+                self._producer[out] = dep
+            for name in query.sources:
+                self.streams.setdefault(name, []).append(dep)
+            self.deployments[query.name] = dep
         return dep
+
+    def undeploy(self, name: str) -> None:
+        """Stop query ``name``: its instances go, its outputs and their logs are forgotten."""
+        with self._lock:
+            dep = self.deployments.pop(name, None)
+            if dep is None:
+                raise QueryError(f"no query named {name!r} is deployed; queries: {sorted(self.deployments)}")
+            for out in dep.query.outputs:
+                self.outputs.pop(out, None)
+                self._producer.pop(out, None)
+            for stream in dep.query.sources:
+                left = [d for d in self.streams.get(stream, []) if d is not dep]
+                if left:
+                    self.streams[stream] = left
+                else:
+                    self.streams.pop(stream, None)
+            dep.close()
 
     # --- input -------------------------------------------------------------------
     def send(self, stream: str, data) -> int:
@@ -91,9 +147,17 @@ class Engine:
         n = batch.num_rows
         if n == 0:
             return 0
+        with self._lock:
+            return self._send(stream, deps, batch, src.time_field)
+
+    def _send(self, stream: str, deps: list[Deployment], batch: pa.RecordBatch, time_field: str | None) -> int:
+        """Stamp ``batch`` (sequence numbers, event time, watermark) and hand it to ``deps``."""
+        n = batch.num_rows
+        for dep in deps:
+            dep.check()
         seq = np.arange(self._seq, self._seq + n, dtype=np.int64)
-        if src.time_field is not None:
-            ts = batch.column(src.time_field).cast(pa.int64()).to_numpy()
+        if time_field is not None:
+            ts = batch.column(time_field).cast(pa.int64()).to_numpy()
         else:
             ts = np.zeros(n, np.int64)
         for dep in deps:
@@ -109,26 +173,64 @@ class Engine:
 
     def end(self, stream: str) -> None:
         """End of input for ``stream``: once all inputs of a query end, every open window fires."""
-        deps = self._deployments_of(stream)
-        self._ended.add(stream)
-        for dep in deps:
-            dep.end(stream, self._seq - 1)
+        with self._lock:
+            deps = self._deployments_of(stream)
+            self._ended.add(stream)
+            for dep in deps:
+                dep.end(stream, self._seq - 1)
 
     # --- output ------------------------------------------------------------------
-    def collect(self, output: str) -> pa.Table:
-        """Everything ``output`` has produced so far, as a pyarrow Table."""
-        return self._log(output).table()
+    def collect(self, output: str, timeout: float | None = None) -> pa.Table:
+        """Everything ``output`` has produced for the input sent so far, as a pyarrow Table.
+
+        With workers it first waits (up to ``timeout`` s) until the output
+        reflects every ``send``/``end`` made before the call.
+        """
+        log = self._log(output)
+        self._producer[output].wait(timeout)
+        return log.table()
 
     def subscribe(self, output: str, callback) -> None:
         """Call ``callback(pyarrow.RecordBatch)`` with every batch ``output`` produces from now on."""
         self._log(output).subscribers.append(callback)
 
     def metrics(self) -> dict:
-        """Counters of the engine: tuples in per stream, rows out per output, late tuples per operator."""
+        """The engine's metrics (the paper's metric server, in this process).
+
+        ``sequence`` (tuples in), ``outputs`` (rows out per output), ``late``
+        (late tuples per query and stateful operator); ``queries``: per query
+        input rate, throughput, latency percentiles (ms, arrival at the engine
+        -> result out) and, per sub-query and operator, the same plus queue
+        lengths and placement; ``instance_managers``: per process CPU %,
+        memory, bytes in/out. Rates are rows/s over the last few seconds.
+        """
+        with self._lock:
+            deps = dict(self.deployments)
+        snaps = {}
+        if self.pool is not None:
+            snaps = self.pool.snapshots()
+        counters: dict = {}
+        queries, late = {}, {}
+        for q, dep in deps.items():
+            if self.pool is None:
+                inst = dep.instance_metrics()
+            else:
+                inst = {ep: m for s in snaps.values() for ep, m in s["deployments"].get(dep.id, {}).items()}
+            late[q] = late_counts(dep.plan, {ep: m["late"] for ep, m in inst.items()})
+            queries[q] = deployment_metrics(dep, inst, counters)
+        ims = self.pool.im_metrics(snaps, counters) if self.pool is not None else {}
+        rates = self._metric_server.sample(counters)
+        add_rates(queries, rates)
+        for i, m in ims.items():
+            m["cpu_percent"] = round(100 * rates.get(("im", i, "cpu_s"), 0.0), 1)
+            m["bytes_in_rate"] = rates.get(("im", i, "bytes_in"), 0.0)
+            m["bytes_out_rate"] = rates.get(("im", i, "bytes_out"), 0.0)
         return {
             "sequence": self._seq,
             "outputs": {name: log.rows for name, log in self.outputs.items()},
-            "late": {q: dep.late_tuples() for q, dep in self.deployments.items()},
+            "late": late,
+            "queries": queries,
+            "instance_managers": ims,
         }
 
     def _log(self, output: str) -> OutputLog:

@@ -85,3 +85,45 @@ def balancer_for(edge: Edge, instances: int, bins: int) -> Balancer:
         return RouteKey(instances, edge.keys, bins)
     assert edge.balancer == ROUND_ROBIN, edge.balancer
     return RoundRobin(instances)
+
+
+class Router:
+    """Where the batches leaving one producer go: every exiting operator's outputs and edges.
+
+    One per producer (a sub-query instance, or the engine for the sources).
+    ``routes`` is :meth:`sparkcep.runtime.layout.Layout.routes` of the
+    producer; ``channels`` maps each consumer endpoint to its channel. Each
+    edge gets its own balancer here (round-robin position, bin table).
+    """
+
+    def __init__(self, routes: dict, channels: dict, bins: int):
+        self.routes: dict[str, list] = {}
+        for name, rs in routes.items():
+            self.routes[name] = [(port, None if edge is None else balancer_for(edge, len(targets), bins),
+                                  [channels[t] for t in targets]) for port, edge, targets in rs]
+        self.channels = list({id(c): c for c in channels.values()}.values())
+
+    def send(self, name: str, batch: pa.RecordBatch, stamp: tuple[int, int, int]) -> None:
+        """Route ``batch`` leaving operator ``name``; ``stamp``: (epoch, frontier, arrival ns)."""
+        for port, balancer, targets in self.routes.get(name, ()):
+            if balancer is None:
+                targets[0].send_data(port, stamp, batch)
+            else:
+                for i, part in balancer.split(batch):
+                    if part.num_rows:
+                        targets[i].send_data(port, stamp, part)
+
+    def progress(self, epoch: int, frontier: int, watermark: int, arrival: int) -> None:
+        """Tell every consumer that ``epoch`` is complete."""
+        for c in self.channels:
+            c.send_progress(epoch, frontier, watermark, arrival)
+
+    def flush(self) -> bool:
+        done = True
+        for c in self.channels:
+            done = c.flush() and done
+        return done
+
+    @property
+    def backlog_bytes(self) -> int:
+        return sum(c.backlog_bytes for c in self.channels)

@@ -1,24 +1,33 @@
-"""A deployed query: sub-query instances, the balancers between them, progress.
+"""A deployed query as the engine sees it: plan, instances, sources, outputs, progress.
 
-This is the in-process driver of a deployment (``Engine.local(workers=0)``):
-every instance lives in the calling process and batches move by function
-call. Instances only ever see batches and progress points, so the same
-instances run unchanged inside instance-manager processes.
+:class:`Deployment` runs every instance in the calling process
+(``Engine.local(workers=0)``): channels are in-process queues and each
+engine call runs the instances until nothing is left to do, so results are
+there when ``send`` returns. :class:`~sparkcep.runtime.workers.WorkerDeployment`
+runs the same instances (:class:`~sparkcep.runtime.instance.InstanceRunner`)
+inside instance-manager processes over shared-memory channels; the source
+side (stamping epochs, routing source batches, watermarks per source) and
+the output side (:class:`Sink`) are this module's, for both.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 
+from sparkcep.core import columns
 from sparkcep.core.operators import WM_END, WM_NONE
-from sparkcep.core.subquery import SubQueryInstance
-from sparkcep.errors import QueryError
-from sparkcep.query.operators import Source
-from sparkcep.query.planner import BROADCAST, Edge, Plan, plan
+from sparkcep.errors import EngineError, QueryError
+from sparkcep.query.planner import Plan, plan
 from sparkcep.query.query import Query
-from sparkcep.runtime.balancers import Balancer, balancer_for
+from sparkcep.runtime.balancers import Router
+from sparkcep.runtime.channels import Channel, Data, LocalChannel
+from sparkcep.runtime.instance import InstanceRunner
+from sparkcep.runtime.layout import ENGINE, Endpoint, Layout
+from sparkcep.runtime.metrics import EpochClock, Histogram, late_counts, record_latency
 from sparkcep.runtime.output_log import OutputLog
 
 
@@ -28,6 +37,7 @@ class SourceState:
 
     max_ts: int = WM_NONE
     ended: bool = False
+    rows: int = 0
 
     @property
     def watermark(self) -> int:
@@ -36,7 +46,7 @@ class SourceState:
 
 def parallelism_of(p: Plan, parallelism) -> dict[str, int]:
     """Instances per sub-query from an int or a dict {operator name: instances}."""
-    if isinstance(parallelism, int):
+    if isinstance(parallelism, int) and not isinstance(parallelism, bool):
         if parallelism < 1:
             raise QueryError(f"parallelism must be >= 1, got {parallelism}")
         out = {sq.name: parallelism if sq.parallelizable else 1 for sq in p.subqueries}
@@ -47,7 +57,7 @@ def parallelism_of(p: Plan, parallelism) -> dict[str, int]:
                 raise QueryError(f"parallelism names operator {name!r}, which query {p.query.name!r} "
                                  f"does not have; operators: {sorted(p.sq_of)}")
             sq = p.sq_of[name]
-            if not isinstance(n, int) or n < 1:
+            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
                 raise QueryError(f"parallelism of {name!r} must be an int >= 1, got {n!r}")
             if n > 1 and not sq.parallelizable:
                 raise QueryError(f"{name!r} is a global aggregate (no by=): it runs as one instance")
@@ -57,82 +67,145 @@ def parallelism_of(p: Plan, parallelism) -> dict[str, int]:
     return out
 
 
+class Sink:
+    """The engine's end of a deployment's outputs: fills the output logs, knows which epochs are out.
+
+    Partition of an output log = index of the producing instance.
+    """
+
+    def __init__(self, layout: Layout, logs: dict[str, OutputLog], clock: EpochClock,
+                 channels: dict[Endpoint, Channel]):
+        self.layout, self.logs, self.clock = layout, logs, clock
+        self.channels = [(p, channels[p]) for p in layout.producers(ENGINE)]
+        self.epochs = {p: 0 for p, _ in self.channels}
+        self.latency: dict[str, Histogram] = {}
+        self.rows: dict[str, int] = {}
+
+    def poll(self) -> int:
+        done = 0
+        for producer, ch in self.channels:
+            while (msg := ch.receive()) is not None:
+                done += 1
+                if type(msg) is Data:
+                    self._deliver(producer[1], msg)
+                else:
+                    self.epochs[producer] = msg.epoch
+        return done
+
+    def _deliver(self, partition: int, msg: Data) -> None:
+        now = time.monotonic_ns()
+        seq = msg.batch.column(columns.SEQ).to_numpy()
+        for out in self.layout.output_names(msg.port):
+            record_latency(self.latency.setdefault(out, Histogram()), self.clock, seq, now)
+            self.rows[out] = self.rows.get(out, 0) + msg.batch.num_rows
+            self.logs[out].append(partition, msg.batch)
+
+    @property
+    def done_epoch(self) -> int:
+        """Every epoch up to this one has fully reached the output logs."""
+        return min(self.epochs.values()) if self.epochs else 0
+
+
 class Deployment:
-    """A query running in this process; made by :meth:`sparkcep.Engine.deploy`."""
+    """A query running in this process; made by :meth:`sparkcep.Engine.deploy`.
+
+    The engine calls :meth:`push` with each stamped source batch, then
+    :meth:`progress` once per ``send`` (closing an epoch), and :meth:`end`.
+    """
 
     def __init__(self, query: Query, parallelism=1, bins: int = 128):
-        if bins < 1 or bins & (bins - 1):
+        if not isinstance(bins, int) or bins < 1 or bins & (bins - 1):
             raise QueryError(f"bins must be a power of two, got {bins}")
         self.query, self.bins = query, bins
         self.plan = plan(query)
         self.parallelism = parallelism_of(self.plan, parallelism)
-        self.instances: dict[str, list[SubQueryInstance]] = {
-            sq.name: [SubQueryInstance(self.plan, sq, i, bins) for i in range(self.parallelism[sq.name])]
-            for sq in self.plan.subqueries}
-        self.balancers: dict[int, Balancer] = {}
-        self.edges_from: dict[str, list[Edge]] = {}
-        for sq in self.plan.subqueries:
-            for e in sq.inputs:
-                self.balancers[id(e)] = balancer_for(e, self.parallelism[sq.name], bins)
-                self.edges_from.setdefault(e.src.name, []).append(e)
-        self.outputs_of: dict[str, list[str]] = {}
-        for out, op in query.outputs.items():
-            self.outputs_of.setdefault(op.name, []).append(out)
+        self.layout = Layout(self.plan, self.parallelism)
         self.logs: dict[str, OutputLog] = {}
         self.sources: dict[str, SourceState] = {name: SourceState() for name in query.sources}
-        self.out_watermark: dict[str, int] = {}
+        self.clock = EpochClock()
+        self.epoch = 1  # the open epoch: data pushed now belongs to it, progress closes it
+        self.error: EngineError | None = None
+        self._arrival: int | None = None
+        self.started = time.monotonic()
+        self._connect()
+
+    def _connect(self) -> None:
+        """Create the instances and their channels: here all in this process."""
+        chans = {pc: LocalChannel() for pc in self.layout.channels()}
+        self.runners: list[InstanceRunner] = []
+        for ep in self.layout.instances():
+            router = Router(self.layout.routes(ep), {c: chans[(ep, c)] for c in self.layout.consumers(ep)},
+                            self.bins)
+            inputs = {p: chans[(p, ep)] for p in self.layout.producers(ep)}
+            self.runners.append(InstanceRunner(self.layout, ep, self.bins, inputs, router, self.clock))
+        self._source_channels = {c: chans[(ENGINE, c)] for c in self.layout.consumers(ENGINE)}
+        self.source_router = Router(self.layout.routes(ENGINE), self._source_channels, self.bins)
+        self.sink = Sink(self.layout, self.logs, self.clock, {p: chans[(p, ENGINE)]
+                                                               for p in self.layout.producers(ENGINE)})
 
     def explain(self) -> str:
-        """The plan with the number of instances of each sub-query."""
-        where = {sq.name: [f"instance {i}: in this process" for i in range(self.parallelism[sq.name])]
-                 for sq in self.plan.subqueries}
-        return self.plan.explain(where, self.parallelism)
+        """The plan with the instances of each sub-query and where each runs."""
+        return self.plan.explain(self.placement_lines(), self.parallelism)
+
+    def placement_lines(self) -> dict[str, list[str]]:
+        return {sq.name: [f"instance {i}: in this process" for i in range(self.parallelism[sq.name])]
+                for sq in self.plan.subqueries}
 
     # --- data ------------------------------------------------------------------
     def push(self, stream: str, batch: pa.RecordBatch, max_ts: int) -> None:
-        """Route a stamped source batch into the instances reading ``stream``."""
-        self.sources[stream].max_ts = max(self.sources[stream].max_ts, max_ts)
-        self._route(stream, batch, 0)
+        """Route a stamped source batch (hidden columns set by the engine) into the instances reading ``stream``."""
+        self.check()
+        src = self.sources[stream]
+        src.max_ts = max(src.max_ts, max_ts)
+        src.rows += batch.num_rows
+        if self._arrival is None:
+            self._arrival = time.monotonic_ns()
+        frontier = int(batch.column(columns.SEQ)[batch.num_rows - 1].as_py())
+        self.source_router.send(stream, batch, (self.epoch, frontier, self._arrival))
 
     def progress(self, frontier: int) -> None:
-        """Every source row up to ``frontier`` is in: stateful instances consume and fire."""
-        for sq in self.plan.subqueries:
-            wm = min(self._watermark_of(e.src) for e in sq.inputs)
-            for inst in self.instances[sq.name]:
-                for name, b in inst.advance(frontier, wm):
-                    self._route(name, b, inst.index)
-            self.out_watermark[sq.name] = self.instances[sq.name][0].output_watermark(wm)
+        """Every source row up to ``frontier`` is in: close the epoch; instances consume and fire."""
+        self.check()
+        arrival = self._arrival or time.monotonic_ns()
+        self._arrival = None
+        self.clock.note(self.epoch, frontier, arrival)
+        for consumer, ch in self._source_channels.items():
+            sq = self.layout.sq[consumer[0]]
+            wm = min(self.sources[s].watermark for s in self.layout.sources_of(sq))
+            ch.send_progress(self.epoch, frontier, wm, arrival)
+        self.epoch += 1
+        self._run()
 
     def end(self, stream: str, frontier: int) -> None:
         self.sources[stream].ended = True
         self.progress(frontier)
 
-    def _watermark_of(self, src) -> int:
-        if isinstance(src, Source):
-            return self.sources[src.name].watermark
-        return self.out_watermark.get(self.plan.sq_of[src.name].name, WM_NONE)
+    def _run(self) -> None:
+        """Run every instance until nothing moves (in-process: results are out when this returns)."""
+        while True:
+            moved = sum(r.poll(budget=1 << 30) for r in self.runners)
+            if not moved:
+                break
+        self.sink.poll()
 
-    def _route(self, src_name: str, batch: pa.RecordBatch, partition: int) -> None:
-        """Deliver a batch produced by ``src_name`` (in instance ``partition``) to its consumers."""
-        for out in self.outputs_of.get(src_name, ()):
-            self.logs[out].append(partition, batch)
-        for e in self.edges_from.get(src_name, ()):
-            instances = self.instances[self.plan.sq_of[e.dst.name].name]
-            for i, part in self.balancers[id(e)].split(batch):
-                for name, b in instances[i].process(e, part):
-                    self._route(name, b, i)
+    def wait(self, timeout: float | None = None) -> None:
+        """Return once the outputs reflect every epoch closed so far (in-process: at once)."""
+        self.check()
+
+    def check(self) -> None:
+        """Raise the deployment's error, if it failed."""
+        if self.error is not None:
+            raise self.error
+
+    def close(self) -> None:
+        """Stop the deployment's instances and free its channels."""
 
     # --- state -----------------------------------------------------------------
     def late_tuples(self) -> dict[str, int]:
         """Late tuples per stateful operator (summed over instances)."""
-        out: dict[str, int] = {}
-        for sq in self.plan.subqueries:
-            broadcast = [e.port for e in sq.inputs if e.balancer == BROADCAST]
-            for i, inst in enumerate(self.instances[sq.name]):
-                op = inst.stateful
-                if op is not None and hasattr(op, "late"):
-                    n = op.late
-                    if i and broadcast:  # every instance sees a broadcast input: count its tuples once
-                        n -= sum(op.late_by_port[p] for p in broadcast)
-                    out[sq.head.name] = out.get(sq.head.name, 0) + n
-        return out
+        return late_counts(self.plan, {r.endpoint: r.late() for r in self.runners})
+
+    def instance_metrics(self) -> dict[Endpoint, dict]:
+        """Per instance: counters (rows, batches, busy time, latency histogram, epoch) and queues."""
+        return {r.endpoint: {**r.counters.snapshot(), "queue": r.queued(), "late": r.late()}
+                for r in self.runners}

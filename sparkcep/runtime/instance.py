@@ -1,0 +1,140 @@
+"""A sub-query instance at work: reads its input channels, aligns their progress, routes its results.
+
+The same class runs every instance, whether it lives in the engine's
+process (``workers=0``) or in an instance manager; only the channels
+differ. Its contract with the core (:class:`~sparkcep.core.subquery.SubQueryInstance`):
+per input, data then progress, in order, progress taken as the minimum over
+the inputs.
+
+Progress is counted in *epochs*: the engine closes one epoch per ``send``
+(and per ``end``), with a frontier (the last sequence number sent) and a
+watermark per source. Every producer forwards every epoch, so an instance
+advances epoch by epoch, each time all its inputs have delivered it:
+
+* a stateless head processes data as it comes (results keep its epoch);
+* a stateful head is fed an epoch's data only when that epoch advances, in
+  a fixed order (by producer, then arrival), then advances to the epoch's
+  frontier and the minimum of the inputs' watermarks.
+
+So an instance consumes exactly what it would consume in one process,
+whatever the interleaving of its channels: results equal the in-process
+run, including order-sensitive ones (tuple windows, first/last).
+"""
+
+from __future__ import annotations
+
+import time
+
+from sparkcep.core import columns
+from sparkcep.core.subquery import SubQueryInstance
+from sparkcep.errors import EngineError
+from sparkcep.runtime.balancers import Router
+from sparkcep.runtime.channels import Channel, Data
+from sparkcep.runtime.layout import Endpoint, Layout
+from sparkcep.runtime.metrics import Counters, EpochClock, Histogram, record_latency
+
+
+class InstanceRunner:
+    """Runs instance ``endpoint`` = (sub-query, index) of a deployment.
+
+    ``inputs`` maps each producer of the layout to its channel; ``router``
+    sends what leaves the instance. The host calls :meth:`poll` whenever it
+    likes; nothing else.
+    """
+
+    def __init__(self, layout: Layout, endpoint: Endpoint, bins: int, inputs: dict[Endpoint, Channel],
+                 router: Router, clock: EpochClock):
+        sq = layout.sq[endpoint[0]]
+        self.layout, self.endpoint, self.router, self.clock = layout, endpoint, router, clock
+        self.instance = SubQueryInstance(layout.plan, sq, endpoint[1], bins)
+        self.buffers = self.instance.stateful is not None
+        self.channels = [inputs[p] for p in layout.producers(endpoint)]
+        self.pending: list[list] = [[] for _ in self.channels]  # Progress not yet advanced, per input
+        self.stash: dict[int, list] = {}  # epoch -> [(input, edge, batch)] for a stateful head
+        self.counters = Counters()
+        self.name = f"{sq.name}[{endpoint[1]}]"
+
+    def poll(self, budget: int = 32) -> int:
+        """Handle up to ``budget`` messages per input while no output is backed up; returns how many."""
+        done = 0
+        t0 = time.perf_counter_ns()
+        router = self.router
+        for k, ch in enumerate(self.channels):
+            n = 0
+            while n < budget and not router.backlog_bytes:
+                msg = ch.receive()
+                if msg is None:
+                    break
+                n += 1
+                if type(msg) is Data:
+                    self._data(k, msg)
+                else:
+                    self.clock.note(msg.epoch, msg.frontier, msg.arrival)
+                    self.pending[k].append(msg)
+                    if len(self.pending[k]) == 1:
+                        self._advance()
+            done += n
+        if done:
+            self.counters.busy_ns += time.perf_counter_ns() - t0
+        return done
+
+    @property
+    def ready(self) -> bool:
+        """May :meth:`poll` take input now (its outputs are not backed up)?"""
+        return not self.router.backlog_bytes
+
+    def _data(self, k: int, msg: Data) -> None:
+        self.clock.note(msg.epoch, msg.frontier, msg.arrival)
+        c = self.counters
+        c.rows_in += msg.batch.num_rows
+        c.batches_in += 1
+        edge = self.layout.edges[msg.port]
+        if self.buffers:
+            self.stash.setdefault(msg.epoch, []).append((k, edge, msg.batch))
+        else:
+            self._emit(self.instance.process(edge, msg.batch), (msg.epoch, msg.frontier, msg.arrival))
+
+    def _advance(self) -> None:
+        pending = self.pending
+        while all(pending):
+            heads = [p.pop(0) for p in pending]
+            first = heads[0]
+            epoch = first.epoch
+            if any(h.epoch != epoch for h in heads):
+                raise EngineError(f"{self.name}: inputs disagree on the next epoch: "
+                                  f"{[h.epoch for h in heads]} (a producer skipped one)", "EPOCH")
+            watermark = min(h.watermark for h in heads)
+            stamp = (epoch, first.frontier, first.arrival)
+            if self.buffers:
+                for _, edge, batch in sorted(self.stash.pop(epoch, ()), key=lambda item: item[0]):
+                    self._emit(self.instance.process(edge, batch), stamp)
+            self._emit(self.instance.advance(first.frontier, watermark), stamp)
+            self.router.progress(epoch, first.frontier, self.instance.output_watermark(watermark), first.arrival)
+            self.counters.epoch = epoch
+
+    def _emit(self, outs, stamp) -> None:
+        if not outs:
+            return
+        now = time.monotonic_ns()
+        rows_out = self.counters.rows_out
+        for name, batch in outs:
+            rows_out[name] = rows_out.get(name, 0) + batch.num_rows
+            hist = self.counters.latency.get(name)
+            if hist is None:
+                hist = self.counters.latency[name] = Histogram()
+            record_latency(hist, self.clock, batch.column(columns.SEQ).to_numpy(), now)
+            self.router.send(name, batch, stamp)
+
+    # --- state for metrics -------------------------------------------------------------------
+    def late(self) -> tuple[int, list[int]] | None:
+        """(late tuples, late tuples per input port) of a stateful head that counts them, else None."""
+        op = self.instance.stateful
+        if op is None or not hasattr(op, "late"):
+            return None
+        return int(op.late), [int(x) for x in getattr(op, "late_by_port", [])]
+
+    def queued(self) -> dict:
+        """Queue lengths: bytes waiting in the input channels, rows stashed, bytes backlogged."""
+        return {"input_bytes": sum(ch.queued_bytes for ch in self.channels),
+                "stashed_rows": sum(b.num_rows for items in self.stash.values() for _, _, b in items),
+                "backlog_bytes": self.router.backlog_bytes}

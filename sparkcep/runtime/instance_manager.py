@@ -1,0 +1,295 @@
+"""The instance manager (UPM-CEP §4.1.2): one single-threaded process per core, running sub-query instances.
+
+It pins itself to its core (``os.sched_setaffinity``), prefers memory of
+its NUMA node (libnuma) and first-touches its input rings, then loops:
+run every hosted instance over its input channels (numba kernels release
+the GIL; there is no other thread anyway), flush what the outputs could not
+take, answer the engine's control messages; when nothing moves, spin a
+moment, then sleep on its doorbell until a peer rings it.
+
+The engine talks to it over a pipe (control plane, pickled messages):
+``("deploy", id, spec)``, ``("undeploy", id, name)``, ``("metrics", id)``,
+``("stop", id)``; it answers ``("ok", id, value)`` or ``("error", id, text)``
+and reports a failing instance as ``("failed", deployment, text)``. Data
+never goes through the pipe. It exits by itself when the pipe closes or its
+parent process is gone.
+
+``python -m sparkcep.runtime.instance_manager --name NAME --cpu CPU`` runs a
+pinned instance manager for the executor launcher (:mod:`sparkcep.spark.executor`);
+until the control plane deploys onto registered instance managers over TCP,
+such a process idles until SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+
+import psutil
+
+from sparkcep.errors import EngineError
+from sparkcep.query.planner import plan
+from sparkcep.runtime.balancers import Router
+from sparkcep.runtime.channels import Doorbell, RingReader, RingWriter
+from sparkcep.runtime.instance import InstanceRunner
+from sparkcep.runtime.layout import ENGINE, Endpoint, Layout
+from sparkcep.runtime.metrics import EpochClock
+from sparkcep.runtime.topology import pin, prefer_node
+
+SPIN_S = 100e-6     # busy-poll this long after the last message before sleeping
+SLEEP_S = 0.2       # longest sleep: bounds a missed wake-up and the parent-death check
+CONTROL_EVERY = 32  # loop turns between looks at the control pipe while busy
+
+
+@dataclass
+class IMConfig:
+    """What an instance-manager process is told when it starts (picklable)."""
+
+    index: int
+    cpu: int | None
+    node: int | None
+    doorbell: str
+    name: str = ""
+
+
+@dataclass
+class DeploySpec:
+    """One deployment as the instance managers get it: picklable names and numbers only."""
+
+    id: str
+    query: bytes                         # the Query, pickled (cloudpickle when available)
+    parallelism: dict[str, int]
+    bins: int
+    assignment: dict[Endpoint, int]      # instance -> instance manager
+    rings: dict[tuple[Endpoint, Endpoint], str]  # (producer, consumer) -> ring file
+    doorbells: dict[int, str]            # instance manager -> doorbell FIFO
+    engine_send_bell: str                # the engine's thread that writes source data
+    engine_sink_bell: str                # the engine's thread that reads the outputs
+    zero_copy: bool = True
+
+
+@dataclass
+class Hosted:
+    """The instances of one deployment on this instance manager."""
+
+    spec: DeploySpec
+    runners: list[InstanceRunner]
+    readers: list[RingReader]
+    writers: list[RingWriter]
+    failed: bool = False
+    rr: int = field(default=0)
+
+
+class InstanceManager:
+    def __init__(self, config: IMConfig, conn):
+        self.config, self.conn = config, conn
+        self.bell = Doorbell(config.doorbell)
+        self.bell.fileno()
+        self.bells: dict[str, Doorbell] = {config.doorbell: self.bell}
+        self.hosted: dict[str, Hosted] = {}
+        self.stopping = False
+        self.ppid = os.getppid()
+        self.process = psutil.Process()
+
+    # --- the loop ----------------------------------------------------------------------
+    def loop(self) -> None:
+        turns, idle_since = 0, None
+        while not self.stopping:
+            work = 0
+            for h in list(self.hosted.values()):
+                if not h.failed:
+                    work += self._step(h)
+            turns += 1
+            if work:
+                idle_since = None
+                if turns % CONTROL_EVERY == 0:
+                    self._control(0)
+                continue
+            now = time.perf_counter()
+            if idle_since is None:
+                idle_since = now
+                self._control(0)
+            elif now - idle_since > SPIN_S:
+                self._sleep()
+                idle_since = None
+
+    def _step(self, h: Hosted) -> int:
+        work = 0
+        try:
+            for r in h.runners:
+                if r.router.backlog_bytes:
+                    r.router.flush()
+                if r.ready:
+                    work += r.poll()
+        except Exception as e:  # an operator failed: report it, stop running this deployment
+            h.failed = True
+            where = f"instance manager {self.config.index} (pid {os.getpid()}): {r.name} of query {h.spec.id}"
+            self._send(("failed", h.spec.id, f"{where} failed: {type(e).__name__}: {e}\n"
+                                             f"{traceback.format_exc()}"))
+        return work
+
+    def _sleep(self) -> None:
+        live = [h for h in self.hosted.values() if not h.failed]
+        for h in live:
+            for rd in h.readers:
+                rd.sleep_flag(True)
+            for w in h.writers:
+                if w.backlog_bytes:
+                    w.sleep_flag(True)
+        try:
+            if any(rd.ready() for h in live for rd in h.readers):
+                return
+            if any(w.backlog_bytes and w.flush() for h in live for w in h.writers):
+                return
+            ready = self.bell.wait(SLEEP_S, also=[self.conn])
+            if self.conn in ready:
+                self._control(0)
+        finally:
+            for h in live:
+                for rd in h.readers:
+                    rd.sleep_flag(False)
+                for w in h.writers:
+                    w.sleep_flag(False)
+        if os.getppid() != self.ppid:  # the engine is gone
+            self.stopping = True
+
+    # --- control -----------------------------------------------------------------------
+    def _control(self, timeout: float) -> None:
+        try:
+            while self.conn.poll(timeout):
+                msg = self.conn.recv()
+                self._handle(msg)
+                timeout = 0
+        except (EOFError, OSError):
+            self.stopping = True  # the engine closed the pipe or died
+
+    def _handle(self, msg) -> None:
+        kind, req = msg[0], msg[1]
+        try:
+            if kind == "deploy":
+                value = self._deploy(msg[2])
+            elif kind == "undeploy":
+                value = self._undeploy(msg[2])
+            elif kind == "metrics":
+                value = self.snapshot()
+            elif kind == "stop":
+                self.stopping = True
+                value = None
+            else:
+                raise EngineError(f"unknown control message {kind!r}", "CONTROL")
+            self._send(("ok", req, value))
+        except Exception as e:
+            self._send(("error", req, f"instance manager {self.config.index}: {type(e).__name__}: {e}\n"
+                                      f"{traceback.format_exc()}"))
+
+    def _send(self, msg) -> None:
+        try:
+            self.conn.send(msg)
+        except (OSError, EOFError):
+            self.stopping = True
+
+    def _bell(self, path: str) -> Doorbell:
+        if path not in self.bells:
+            self.bells[path] = Doorbell(path)
+        return self.bells[path]
+
+    def _deploy(self, spec: DeploySpec) -> dict:
+        query = pickle.loads(spec.query)
+        layout = Layout(plan(query), spec.parallelism)
+        clock = EpochClock()
+
+        def bell_of(ep: Endpoint, engine_bell: str) -> Doorbell:
+            return self._bell(engine_bell if ep == ENGINE else spec.doorbells[spec.assignment[ep]])
+
+        runners, readers, writers = [], [], []
+        try:
+            for ep in layout.instances():
+                if spec.assignment[ep] != self.config.index:
+                    continue
+                stateful = layout.sq[ep[0]].head.stateful
+                ins = {p: RingReader(spec.rings[(p, ep)], bell_of(p, spec.engine_send_bell),
+                                     copy=stateful or not spec.zero_copy) for p in layout.producers(ep)}
+                outs = {c: RingWriter(spec.rings[(ep, c)], bell_of(c, spec.engine_sink_bell), self.bell)
+                        for c in layout.consumers(ep)}
+                readers += ins.values()
+                writers += outs.values()
+                router = Router(layout.routes(ep), outs, spec.bins)
+                runners.append(InstanceRunner(layout, ep, spec.bins, ins, router, clock))
+        except BaseException:
+            for ch in readers + writers:
+                ch.close()
+            raise
+        self.hosted[spec.id] = Hosted(spec, runners, readers, writers)
+        return {"instances": [r.endpoint for r in runners], "pid": os.getpid()}
+
+    def _undeploy(self, dep_id: str) -> None:
+        h = self.hosted.pop(dep_id, None)
+        if h is not None:
+            h.runners.clear()
+            for ch in h.readers + h.writers:
+                ch.close()
+
+    def snapshot(self) -> dict:
+        """Counters of every hosted instance, plus this process's bytes in/out, CPU and memory."""
+        deps = {}
+        bytes_in = bytes_out = 0
+        for dep_id, h in self.hosted.items():
+            deps[dep_id] = {r.endpoint: {**r.counters.snapshot(), "queue": r.queued(), "late": r.late()}
+                            for r in h.runners}
+            bytes_in += sum(rd.bytes_in for rd in h.readers)
+            bytes_out += sum(w.bytes_out for w in h.writers)
+        mem = self.process.memory_info()
+        cpu = self.process.cpu_times()
+        return {"deployments": deps, "bytes_in": bytes_in, "bytes_out": bytes_out,
+                "cpu_s": cpu.user + cpu.system, "rss": mem.rss, "cpu_num": self.process.cpu_num(),
+                "pid": os.getpid(), "time": time.monotonic()}
+
+
+def serve(config: IMConfig, conn, close=()) -> None:
+    """Body of an instance-manager process started by the engine (any start method)."""
+    for c in close:  # fork: pipe ends of other instance managers inherited from the parent
+        try:
+            c.close()
+        except OSError:
+            pass
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the engine; it stops us
+    try:
+        pin(config.cpu)
+        prefer_node(config.node)
+        im = InstanceManager(config, conn)
+        conn.send(("ready", config.index, {"pid": os.getpid(), "cpu": config.cpu, "node": config.node}))
+    except Exception as e:
+        try:
+            conn.send(("error", config.index, f"{type(e).__name__}: {e}"))
+        finally:
+            return
+    im.loop()
+    for h in list(im.hosted):
+        im._undeploy(h)
+    im.bell.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """A standalone, pinned instance manager for the executor launcher; idles until SIGTERM."""
+    ap = argparse.ArgumentParser(prog="python -m sparkcep.runtime.instance_manager")
+    ap.add_argument("--name", default="")
+    ap.add_argument("--cpu", type=int, default=None)
+    ap.add_argument("--engine", default=None)
+    args = ap.parse_args(argv)
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    pin(args.cpu)
+    parent = os.getppid()
+    while not stop and os.getppid() == parent:
+        time.sleep(0.5)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,232 @@
+"""Metrics (the paper's metric server, in-process): what instances count and how the engine sums it.
+
+Instances count rows in and out, batches, busy time and latency — from the
+arrival of an event at the engine (its epoch's arrival time, found through
+its sequence number) to the moment a result leaves the instance. The
+engine asks each instance manager for a :func:`snapshot` (plain dicts,
+counters only), adds what it sees itself (sources, output logs, per-process
+CPU and memory from psutil) and turns counters into rates over the recent
+past (:class:`MetricServer`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import numpy as np
+
+# latency histogram: bucket b holds values in [2**(b/SUB), 2**((b+1)/SUB)) microseconds
+SUB = 4
+BUCKETS = 40 * SUB
+PERCENTILES = (50, 90, 99, 99.9)
+RATE_WINDOW_S = 5.0
+
+
+class Histogram:
+    """Log-scale histogram of latencies in microseconds (about 19% bucket width)."""
+
+    def __init__(self, counts=None):
+        self.counts = np.zeros(BUCKETS, np.int64) if counts is None else np.asarray(counts, np.int64)
+
+    def add(self, us: np.ndarray, weight: int = 1) -> None:
+        b = np.clip((np.log2(np.maximum(us, 1)) * SUB).astype(np.int64), 0, BUCKETS - 1)
+        self.counts += np.bincount(b, minlength=BUCKETS) * weight
+
+    def merge(self, other: "Histogram") -> None:
+        self.counts += other.counts
+
+    @property
+    def n(self) -> int:
+        return int(self.counts.sum())
+
+    def percentiles(self) -> dict[str, float]:
+        """``{"p50": ms, ...}`` (upper bucket edges; NaN-free: empty -> {})."""
+        n = self.n
+        if not n:
+            return {}
+        cum = np.cumsum(self.counts)
+        out = {}
+        for p in PERCENTILES:
+            b = int(np.searchsorted(cum, np.ceil(n * p / 100.0)))
+            out[f"p{p:g}"] = round(2 ** ((b + 1) / SUB) / 1000.0, 3)
+        return out
+
+
+class EpochClock:
+    """Arrival time of each epoch at the engine, looked up by sequence number.
+
+    Epoch ``k`` covers the sequence numbers up to its frontier ``F_k``; an
+    event with sequence number ``s`` arrived with the first epoch whose
+    frontier is >= ``s``. Keeps the last ``keep`` epochs (older events count
+    from the oldest epoch kept, so their latency is under-stated).
+    """
+
+    def __init__(self, keep: int = 1 << 16):
+        self.keep = keep
+        self.last = 0
+        self.frontier = np.zeros(1024, np.int64)
+        self.arrival = np.zeros(1024, np.int64)
+        self.n = 0
+
+    def note(self, epoch: int, frontier: int, arrival: int) -> None:
+        if epoch <= self.last:
+            return
+        self.last = epoch
+        if self.n == len(self.frontier):
+            if self.n >= self.keep:
+                half = self.n // 2
+                self.frontier[:half] = self.frontier[half:self.n]
+                self.arrival[:half] = self.arrival[half:self.n]
+                self.n -= half
+            else:
+                self.frontier = np.concatenate([self.frontier, np.zeros_like(self.frontier)])
+                self.arrival = np.concatenate([self.arrival, np.zeros_like(self.arrival)])
+        self.frontier[self.n] = frontier
+        self.arrival[self.n] = arrival
+        self.n += 1
+
+    def latency_us(self, seq: np.ndarray, now_ns: int) -> np.ndarray:
+        if not self.n:
+            return np.zeros(0, np.int64)
+        i = np.minimum(np.searchsorted(self.frontier[:self.n], seq), self.n - 1)
+        return (now_ns - self.arrival[i]) // 1000
+
+
+def record_latency(hist: Histogram, clock: EpochClock, seq: np.ndarray, now_ns: int, sample: int = 512) -> None:
+    """Add the latencies of rows with sequence numbers ``seq`` (sampled when there are many)."""
+    n = len(seq)
+    if not n:
+        return
+    step = max(1, n // sample)
+    hist.add(clock.latency_us(seq[::step], now_ns), step)
+
+
+class Counters:
+    """What one sub-query instance counts; ``rows_out`` and ``latency`` per exiting operator."""
+
+    __slots__ = ("rows_in", "batches_in", "rows_out", "busy_ns", "latency", "epoch")
+
+    def __init__(self):
+        self.rows_in = self.batches_in = self.busy_ns = self.epoch = 0
+        self.rows_out: dict[str, int] = {}
+        self.latency: dict[str, Histogram] = {}
+
+    def snapshot(self) -> dict:
+        return {"rows_in": self.rows_in, "batches_in": self.batches_in, "rows_out": dict(self.rows_out),
+                "busy_ns": self.busy_ns, "epoch": self.epoch,
+                "latency": {k: h.counts.tolist() for k, h in self.latency.items()}}
+
+
+class MetricServer:
+    """Keeps recent snapshots of counters and turns them into rates.
+
+    ``rate(key, value)``: per second over the last :data:`RATE_WINDOW_S`
+    seconds of samples taken by :meth:`sample` (or since the first sample).
+    """
+
+    def __init__(self):
+        self.history: deque = deque()  # (time, {key: value})
+        self.t0 = time.monotonic()
+
+    def sample(self, values: dict) -> dict:
+        """Record ``values`` (flat {key: counter}) now; returns {key: rate per second}."""
+        now = time.monotonic()
+        while self.history and now - self.history[0][0] > RATE_WINDOW_S and len(self.history) > 1:
+            self.history.popleft()
+        if self.history:
+            t, old = self.history[0]
+        else:
+            t, old = self.t0, {}
+        self.history.append((now, dict(values)))
+        dt = max(now - t, 1e-3)
+        return {k: (v - old.get(k, 0)) / dt for k, v in values.items()}
+
+
+def late_counts(plan, late: dict) -> dict[str, int]:
+    """Late tuples per stateful operator from each instance's (late, late per input port) or None.
+
+    Every instance sees all of a broadcast input: its late tuples count once.
+    """
+    from sparkcep.query.planner import BROADCAST
+    out: dict[str, int] = {}
+    for sq in plan.subqueries:
+        broadcast = [e.port for e in sq.inputs if e.balancer == BROADCAST]
+        for (name, i), value in sorted(late.items()):
+            if name != sq.name or value is None:
+                continue
+            n, by_port = value
+            if i and broadcast:
+                n -= sum(by_port[p] for p in broadcast if p < len(by_port))
+            out[sq.head.name] = out.get(sq.head.name, 0) + n
+    return out
+
+
+def _pct(hists) -> dict[str, float]:
+    total = Histogram()
+    for h in hists:
+        total.merge(h if isinstance(h, Histogram) else Histogram(h))
+    return total.percentiles()
+
+
+def deployment_metrics(dep, instances: dict, counters: dict) -> dict:
+    """The section of one query: totals, then per sub-query and per operator.
+
+    ``instances``: per instance, the snapshot of its counters (:meth:`Counters.snapshot`
+    plus ``queue`` and ``late``); ``counters`` collects flat counters for rates.
+    """
+    q = dep.query.name
+    rows_in = sum(s.rows for s in dep.sources.values())
+    rows_out = sum(dep.sink.rows.values())
+    counters[(q, "in")], counters[(q, "out")] = rows_in, rows_out
+    sqs, ops = {}, {}
+    for sq in dep.plan.subqueries:
+        mine = {ep: m for ep, m in instances.items() if ep[0] == sq.name}
+        s_in = sum(m["rows_in"] for m in mine.values())
+        outs: dict[str, int] = {}
+        lat: dict[str, list] = {}
+        for m in mine.values():
+            for op, n in m["rows_out"].items():
+                outs[op] = outs.get(op, 0) + n
+            for op, h in m["latency"].items():
+                lat.setdefault(op, []).append(h)
+        s_out = sum(outs.values())
+        counters[(q, sq.name, "in")], counters[(q, sq.name, "out")] = s_in, s_out
+        queue = {"input_bytes": 0, "stashed_rows": 0, "backlog_bytes": 0}
+        for m in mine.values():
+            for k in queue:
+                queue[k] += m["queue"][k]
+        sqs[sq.name] = {"instances": dep.parallelism[sq.name], "rows_in": s_in, "rows_out": s_out,
+                        "busy_s": sum(m["busy_ns"] for m in mine.values()) / 1e9,
+                        "epoch": min((m["epoch"] for m in mine.values()), default=0),
+                        "latency_ms": _pct([h for hs in lat.values() for h in hs]), "queue": queue,
+                        "placement": dep.placement_lines().get(sq.name, [])}
+        for op in sq.operators:
+            entry = {"subquery": sq.name}
+            if op is sq.head:
+                entry["rows_in"] = s_in
+                entry["queue"] = queue
+                counters[(q, op.name, "op_in")] = s_in
+            if op.name in outs:
+                entry["rows_out"] = outs[op.name]
+                entry["latency_ms"] = _pct(lat[op.name])
+                counters[(q, op.name, "op_out")] = outs[op.name]
+            ops[op.name] = entry
+    return {"rows_in": rows_in, "rows_out": rows_out, "epoch": dep.epoch - 1, "done_epoch": dep.sink.done_epoch,
+            "latency_ms": _pct(dep.sink.latency.values()),
+            "outputs": {o: {"rows": n, "latency_ms": dep.sink.latency[o].percentiles()}
+                        for o, n in dep.sink.rows.items()},
+            "subqueries": sqs, "operators": ops}
+
+
+def add_rates(sections: dict, rates: dict) -> None:
+    """Put ``input_rate`` / ``throughput`` (rows/s) beside the row counters of every section."""
+    for q, d in sections.items():
+        d["input_rate"], d["throughput"] = rates.get((q, "in"), 0.0), rates.get((q, "out"), 0.0)
+        for name, s in d["subqueries"].items():
+            s["input_rate"], s["throughput"] = rates.get((q, name, "in"), 0.0), rates.get((q, name, "out"), 0.0)
+        for name, o in d["operators"].items():
+            if "rows_in" in o:
+                o["input_rate"] = rates.get((q, name, "op_in"), 0.0)
+            if "rows_out" in o:
+                o["throughput"] = rates.get((q, name, "op_out"), 0.0)

@@ -1,0 +1,144 @@
+"""NUMA topology: nodes, their CPUs and the distances between them.
+
+Read from Linux sysfs (``/sys/devices/system/node/nodeN/cpulist`` and
+``.../distance``), from a fake tree of the same shape, or from a JSON file::
+
+    {"nodes": {"0": "0-17", "1": [18, 19, ...]}, "distances": [[10, 15, ...], ...]}
+
+so placement can be tried for a machine we do not have (the Bullion S16 of
+the UPM-CEP paper: ``tests/runtime/data/bullion_s16.json``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from sparkcep.errors import EngineError
+
+SYSFS = "/sys/devices/system/node"
+
+
+def parse_cpulist(text: str) -> list[int]:
+    """``"0-3,8,10-11"`` -> [0, 1, 2, 3, 8, 10, 11]."""
+    out: list[int] = []
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        if "-" in part:
+            a, b = part.split("-")
+            out.extend(range(int(a), int(b) + 1))
+        else:
+            out.append(int(part))
+    return out
+
+
+@dataclass
+class Topology:
+    """``nodes[n]``: the CPUs of node ``n``; ``distances[i][j]``: relative memory latency (10 = local)."""
+
+    nodes: dict[int, list[int]]
+    distances: list[list[int]]
+    source: str = ""
+
+    def __post_init__(self):
+        ids = sorted(self.nodes)
+        if ids != list(range(len(ids))):
+            raise EngineError(f"topology {self.source}: nodes must be numbered 0..N-1, got {ids}", "TOPOLOGY")
+        if len(self.distances) != len(ids) or any(len(row) != len(ids) for row in self.distances):
+            raise EngineError(f"topology {self.source}: the distance table must be {len(ids)}x{len(ids)}",
+                              "TOPOLOGY")
+        self._node_of = {c: n for n, cpus in self.nodes.items() for c in cpus}
+
+    @classmethod
+    def from_sysfs(cls, root: str | os.PathLike = SYSFS, allowed: set[int] | None = None) -> "Topology":
+        """The topology under ``root`` (a real or fake sysfs node directory).
+
+        ``allowed``: keep only these CPUs (default for the real tree: the CPUs
+        this process may run on). Without a node directory: one node holding
+        the allowed CPUs.
+        """
+        root = Path(root)
+        real = str(root) == SYSFS
+        if allowed is None and real:
+            allowed = set(os.sched_getaffinity(0))
+        dirs = sorted((d for d in root.glob("node[0-9]*") if d.name[4:].isdigit()), key=lambda d: int(d.name[4:]))
+        if not dirs:
+            if not real:
+                raise EngineError(f"no node directories under {root}", "TOPOLOGY")
+            return cls({0: sorted(allowed or os.sched_getaffinity(0))}, [[10]], source="(no sysfs: one node)")
+        nodes, dist = {}, []
+        for i, d in enumerate(dirs):
+            cpus = parse_cpulist((d / "cpulist").read_text())
+            nodes[i] = [c for c in cpus if allowed is None or c in allowed]
+            dist.append([int(x) for x in (d / "distance").read_text().split()])
+        return cls(nodes, dist, source=str(root))
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike) -> "Topology":
+        """A JSON topology file, or a directory laid out like sysfs."""
+        path = Path(path)
+        if path.is_dir():
+            return cls.from_sysfs(path)
+        try:
+            spec = json.loads(path.read_text())
+            nodes = {int(n): parse_cpulist(c) if isinstance(c, str) else [int(x) for x in c]
+                     for n, c in spec["nodes"].items()}
+            return cls(nodes, [[int(x) for x in row] for row in spec["distances"]], source=str(path))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise EngineError(f"cannot read topology file {path}: {e}", "TOPOLOGY") from None
+
+    @classmethod
+    def load(cls, spec=None) -> "Topology":
+        """``None``: this machine; a path: :meth:`from_file`; a Topology: itself."""
+        if spec is None:
+            return cls.from_sysfs()
+        if isinstance(spec, Topology):
+            return spec
+        return cls.from_file(spec)
+
+    def node_of(self, cpu: int) -> int:
+        return self._node_of[cpu]
+
+    def distance(self, a: int, b: int) -> int:
+        return self.distances[a][b]
+
+    def by_distance(self, node: int) -> list[int]:
+        """Nodes from nearest to farthest from ``node`` (itself first)."""
+        return sorted(self.nodes, key=lambda n: (self.distances[node][n], n))
+
+    @property
+    def cpus(self) -> list[int]:
+        return [c for n in sorted(self.nodes) for c in self.nodes[n]]
+
+
+def pin(cpu: int | None) -> None:
+    """Pin this process to ``cpu`` (EngineError PIN when it is not available)."""
+    if cpu is None:
+        return
+    try:
+        os.sched_setaffinity(0, {cpu})
+    except OSError as e:
+        raise EngineError(f"cannot pin to cpu {cpu}: {e}; cpus available: {sorted(os.sched_getaffinity(0))}",
+                          "PIN") from None
+
+
+def prefer_node(node: int | None) -> bool:
+    """Ask libnuma to allocate this process's memory on ``node``; False when it cannot."""
+    if node is None:
+        return False
+    name = ctypes.util.find_library("numa")
+    if not name:
+        return False
+    try:
+        numa = ctypes.CDLL(name)
+        if numa.numa_available() < 0 or node > numa.numa_max_node():
+            return False  # a missing node would print "mbind: Invalid argument" and bind nothing
+        numa.numa_set_preferred(ctypes.c_int(node))
+        return True
+    except (OSError, AttributeError):
+        return False
