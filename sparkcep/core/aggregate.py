@@ -326,12 +326,16 @@ class WindowAggregate:
             cap = n * ((w.size + w.advance - 1) // w.advance + 1)
             ready_b, ready_e, ready_wm = np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap, np.int64)
             nready = np.zeros(1, np.int64)
+            out = []
             while pos < n:
                 pos = accumulate_tuples(pos, order, K, ts, wm, seq, w.size, w.advance, rowstr, P, V,
                                         self.table.arrays, ready_b, ready_e, ready_wm, nready)
+                m = int(nready[0])
+                if m:  # emit before growing: a rebuild renumbers entries, the ready list would go stale
+                    out += self._emit(ready_b[:m], ready_e[:m], ready_wm[:m])
+                    nready[0] = 0
                 self._grow_for(pos, n, K, rowstr)
-            m = int(nready[0])
-            return self._emit(ready_b[:m], ready_e[:m], ready_wm[:m]) if m else []
+            return out
         late = np.zeros(n, np.bool_)
         while pos < n:
             pos = accumulate_time(pos, order, K, ts, wm, seq, w.size_us, w.advance_us, w.lateness_us, rowstr,

@@ -247,3 +247,16 @@ def test_collect_accepts_every_input_format():
         e.end("ev")
         got = e.collect("out").to_pylist()
     assert sorted((r["k"], r["n"], r["sv"]) for r in got) == [("a", 4, 4), ("b", 4, None)]
+
+
+# --- state growth -------------------------------------------------------------------------
+@pytest.mark.parametrize("window", [ref.Tuples(2, 1), ref.Tuples(3), ref.Time(2 * S, S)], ids=repr)
+@pytest.mark.parametrize("bins,chunk", [(1, 500), (16, 1300)])
+def test_many_groups_over_several_batches_grow_the_state(window, bins, chunk):
+    schema = {"k": "string", "ts": "timestamp", "v": "int64", "s": "string"}
+    data = [{"k": f"key-{i % 1500}", "ts": T0 + i * 1000, "v": i, "s": f"s{i % 7}"} for i in range(4000)]
+    sends = [("ev", data[i:i + chunk]) for i in range(0, len(data), chunk)]
+    funcs = [("n", "count", None), ("l", "last", "s"), ("sv", "sum", "v")]
+    q = agg_query(window, funcs=funcs, schema=schema)
+    want, _ = ref.aggregate(stamped(q, sends)["ev"], window, ["k"], funcs)
+    assert_same_rows(run(q, sends, bins=bins).outputs["out"], want)
