@@ -15,7 +15,7 @@ from numba import njit
 from sparkcep.core import columns
 from sparkcep.core.hashing import gather_binned, hash_words
 from sparkcep.core.strings import compare_bytes
-from sparkcep.core.table import AUX, COUNTER, KLEN, KOFF, TS, WSTART, BinnedTable, bin_order, find_or_insert, room
+from sparkcep.core.table import ACC, AUX, COUNTER, KLEN, KOFF, TS, WSTART, BinnedTable, bin_order, find_or_insert, room
 from sparkcep.query.aggregates import AggFunc
 from sparkcep.query.windows import TimeWindow, TupleWindow
 from sparkcep.schema import TYPES, Schema
@@ -36,7 +36,10 @@ def _later(ts, seq, t0, s0):
 @njit(nogil=True, cache=True, inline="always")
 def _update(acc_i, acc_f, arena, meta, b, e, r, ts, seq, ops, cols, sis, sfs,
             vals_i, vals_f, valid, soff, slen, sdata):
-    """Apply every function of the aggregate to row ``r`` for entry ``e`` of bin ``b``."""
+    """Apply every function of the aggregate to row ``r`` for entry ``e`` of bin ``b``.
+
+    ``acc_i``/``acc_f`` are the entry rows as int64/float64; ``sis``/``sfs`` their columns.
+    """
     for j in range(len(ops)):
         op, c, si, sf = ops[j], cols[j], sis[j], sfs[j]
         if op == COUNT_ALL:
@@ -104,7 +107,7 @@ def accumulate_time(pos, order, K, ts, wm, seq, size, adv, lateness, rowstr, P, 
     khash, kw0, kw1, koff, kdata, kbin = K
     ops, cols, sis, sfs = P
     vals_i, vals_f, valid, soff, slen, sdata = V
-    slots, ent, live, acc_i, acc_f, arena, meta = T
+    slots, ent, entf, live, arena, meta = T
     n = len(order)
     nwin = (size + adv - 1) // adv
     for p in range(pos, n):
@@ -118,11 +121,11 @@ def accumulate_time(pos, order, K, ts, wm, seq, size, adv, lateness, rowstr, P, 
         missed = False
         while s > t - size:
             if s + size > limit:
-                e = find_or_insert(slots, ent, live, acc_i, acc_f, arena, meta, b, khash[r], kw0[r], kw1[r], s,
+                e = find_or_insert(slots, ent, live, arena, meta, b, khash[r], kw0[r], kw1[r], s,
                                    kdata, koff[r], koff[r + 1])
                 if seq[r] > ent[b, e, AUX]:
                     ent[b, e, AUX] = seq[r]
-                _update(acc_i, acc_f, arena, meta, b, e, r, ts, seq, ops, cols, sis, sfs,
+                _update(ent, entf, arena, meta, b, e, r, ts, seq, ops, cols, sis, sfs,
                         vals_i, vals_f, valid, soff, slen, sdata)
             else:
                 missed = True
@@ -137,7 +140,7 @@ def accumulate_tuples(pos, order, K, ts, wm, seq, size, adv, rowstr, P, V, T, re
     khash, kw0, kw1, koff, kdata, kbin = K
     ops, cols, sis, sfs = P
     vals_i, vals_f, valid, soff, slen, sdata = V
-    slots, ent, live, acc_i, acc_f, arena, meta = T
+    slots, ent, entf, live, arena, meta = T
     n = len(order)
     nwin = (size + adv - 1) // adv + 1
     for p in range(pos, n):
@@ -146,7 +149,7 @@ def accumulate_tuples(pos, order, K, ts, wm, seq, size, adv, rowstr, P, V, T, re
         ks, ke = koff[r], koff[r + 1]
         if not room(slots, ent, arena, meta, b, nwin, nwin * (ke - ks + rowstr[r])):
             return p
-        c = find_or_insert(slots, ent, live, acc_i, acc_f, arena, meta, b, khash[r], kw0[r], kw1[r], COUNTER,
+        c = find_or_insert(slots, ent, live, arena, meta, b, khash[r], kw0[r], kw1[r], COUNTER,
                            kdata, ks, ke)
         q = ent[b, c, AUX]
         ent[b, c, AUX] = q + 1
@@ -154,13 +157,13 @@ def accumulate_tuples(pos, order, K, ts, wm, seq, size, adv, rowstr, P, V, T, re
         while k >= 0 and k * adv + size > q:
             w = k * adv
             fresh = meta[b, 0]
-            e = find_or_insert(slots, ent, live, acc_i, acc_f, arena, meta, b, khash[r], kw0[r], kw1[r], w,
+            e = find_or_insert(slots, ent, live, arena, meta, b, khash[r], kw0[r], kw1[r], w,
                                kdata, ks, ke)
             if e == fresh or ts[r] > ent[b, e, TS]:
                 ent[b, e, TS] = ts[r]
             if seq[r] > ent[b, e, AUX]:
                 ent[b, e, AUX] = seq[r]
-            _update(acc_i, acc_f, arena, meta, b, e, r, ts, seq, ops, cols, sis, sfs,
+            _update(ent, entf, arena, meta, b, e, r, ts, seq, ops, cols, sis, sfs,
                     vals_i, vals_f, valid, soff, slen, sdata)
             if q == w + size - 1:
                 m = nready[0]
@@ -232,7 +235,8 @@ class Program:
         return vals_i, vals_f, valid, soff, slen, sdata, rowstr
 
     def kernel_args(self):
-        return (self.ops, self.cols, self.sis, self.sfs)
+        """(opcodes, value columns, int slot columns, float slot columns) in the table's entry rows."""
+        return (self.ops, self.cols, self.sis + ACC, self.sfs + ACC + self.n_int)
 
     def results(self, table: BinnedTable, b: np.ndarray, e: np.ndarray) -> list[pa.Array]:
         """One Arrow column per function for entries (``b``, ``e``)."""
@@ -329,7 +333,7 @@ class WindowAggregate:
             out = []
             while pos < n:
                 pos = accumulate_tuples(pos, order, K, ts, wm, seq, w.size, w.advance, rowstr, P, V,
-                                        self.table.arrays, ready_b, ready_e, ready_wm, nready)
+                                        self.table.kernel_state(), ready_b, ready_e, ready_wm, nready)
                 m = int(nready[0])
                 if m:  # emit before growing: a rebuild renumbers entries, the ready list would go stale
                     out += self._emit(ready_b[:m], ready_e[:m], ready_wm[:m])
@@ -339,7 +343,7 @@ class WindowAggregate:
         late = np.zeros(n, np.bool_)
         while pos < n:
             pos = accumulate_time(pos, order, K, ts, wm, seq, w.size_us, w.advance_us, w.lateness_us, rowstr,
-                                  P, V, self.table.arrays, late)
+                                  P, V, self.table.kernel_state(), late)
             self._grow_for(pos, n, K, rowstr)
         self.late += int(late.sum())
         first = int(((ts.min() - w.size_us) // w.advance_us + 1) * w.advance_us)

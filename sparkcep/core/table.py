@@ -25,7 +25,8 @@ from numba import njit
 EMPTY, TOMB = -1, -2
 COUNTER = np.iinfo(np.int64).min  # window start of a per-group tuple counter entry
 N_ENTRIES, ARENA_USED, N_LIVE, N_TOMB = 0, 1, 2, 3  # meta columns, per bin
-WSTART, KOFF, KLEN, AUX, TS, HASH, K0, K1 = range(8)  # entry columns: one 64-byte line per entry
+WSTART, KOFF, KLEN, AUX, TS, HASH, K0, K1 = range(8)  # entry columns, then the accumulators
+ACC = 8  # first accumulator column: int slots, then float slots (read through a float64 view)
 # AUX: counters: tuples seen; windows: max sequence number. TS: windows: max event time.
 # K0, K1: the key's first 16 bytes, so short keys compare without reading the arena.
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -42,7 +43,7 @@ def slot_hash(h, wstart):
 
 
 @njit(nogil=True, cache=True)
-def find_or_insert(slots, ent, live, acc_i, acc_f, arena, meta, b, h, w0, w1, wstart, kdata, ks, ke):
+def find_or_insert(slots, ent, live, arena, meta, b, h, w0, w1, wstart, kdata, ks, ke):
     """Entry of (key, wstart) in bin ``b``, inserted if absent; -1 when the bin is full.
 
     ``w0``/``w1`` are the key's first 16 bytes (see ``hashing.hash_words``).
@@ -53,7 +54,8 @@ def find_or_insert(slots, ent, live, acc_i, acc_f, arena, meta, b, h, w0, w1, ws
     i = hw & mask
     tomb = -1
     klen = ke - ks
-    while True:
+    found = -1
+    while found < 0:
         e = slots[b, i, 1]
         if e == EMPTY:
             break
@@ -62,17 +64,15 @@ def find_or_insert(slots, ent, live, acc_i, acc_f, arena, meta, b, h, w0, w1, ws
                 tomb = i
         elif (slots[b, i, 0] == hw) & (ent[b, e, WSTART] == wstart) & (ent[b, e, KLEN] == klen) \
                 & (ent[b, e, K0] == w0) & (ent[b, e, K1] == w1):
-            if klen <= 16:
-                return e
+            found = e
             o = ent[b, e, KOFF]
-            same = True
-            for k in range(16, klen):
+            for k in range(16, klen):  # keys longer than 16 bytes: compare the rest
                 if arena[b, o + k] != kdata[ks + k]:
-                    same = False
+                    found = -1
                     break
-            if same:
-                return e
         i = (i + 1) & mask
+    if found >= 0:
+        return found
     e = meta[b, N_ENTRIES]
     o = meta[b, ARENA_USED]
     if e >= ent.shape[1] or o + klen > arena.shape[1] or (meta[b, N_LIVE] + meta[b, N_TOMB] + 1) * 2 > S:
@@ -95,11 +95,9 @@ def find_or_insert(slots, ent, live, acc_i, acc_f, arena, meta, b, h, w0, w1, ws
     ent[b, e, HASH] = np.int64(h)
     ent[b, e, K0] = w0
     ent[b, e, K1] = w1
+    for k in range(ACC, ent.shape[2]):
+        ent[b, e, k] = 0  # int 0 is float 0.0 too
     live[b, e] = True
-    for k in range(acc_i.shape[2]):
-        acc_i[b, e, k] = 0
-    for k in range(acc_f.shape[2]):
-        acc_f[b, e, k] = 0.0
     return e
 
 
@@ -112,7 +110,7 @@ def room(slots, ent, arena, meta, b, entries, nbytes):
 
 @njit(nogil=True, cache=True)
 def delete_entries(T, bins, entries):
-    slots, ent, live, acc_i, acc_f, arena, meta = T
+    slots, ent, live, arena, meta = T
     mask = slots.shape[1] - 1
     for j in range(len(entries)):
         b, e = bins[j], entries[j]
@@ -127,37 +125,38 @@ def delete_entries(T, bins, entries):
 
 @njit(nogil=True, cache=True)
 def copy_bin(S, sb, T, tb, str_slots):
-    """Insert the live entries of bin ``sb`` of table S into bin ``tb`` of table T (room ensured)."""
-    s_slots, s_ent, s_live, s_acc_i, s_acc_f, s_arena, s_meta = S
-    slots, ent, live, acc_i, acc_f, arena, meta = T
+    """Insert the live entries of bin ``sb`` of table S into bin ``tb`` of table T (room ensured).
+
+    ``str_slots``: entry columns holding an arena offset of a string value (length in the next).
+    """
+    s_slots, s_ent, s_live, s_arena, s_meta = S
+    slots, ent, live, arena, meta = T
     for s in range(s_meta[sb, N_ENTRIES]):
         if not s_live[sb, s]:
             continue
         ks = s_ent[sb, s, KOFF]
-        e = find_or_insert(slots, ent, live, acc_i, acc_f, arena, meta, tb, np.uint64(s_ent[sb, s, HASH]),
+        e = find_or_insert(slots, ent, live, arena, meta, tb, np.uint64(s_ent[sb, s, HASH]),
                            s_ent[sb, s, K0], s_ent[sb, s, K1], s_ent[sb, s, WSTART], s_arena[sb], ks,
                            ks + s_ent[sb, s, KLEN])
         ent[tb, e, AUX] = s_ent[sb, s, AUX]
         ent[tb, e, TS] = s_ent[sb, s, TS]
-        for k in range(acc_i.shape[2]):
-            acc_i[tb, e, k] = s_acc_i[sb, s, k]
-        for k in range(acc_f.shape[2]):
-            acc_f[tb, e, k] = s_acc_f[sb, s, k]
+        for k in range(ACC, ent.shape[2]):
+            ent[tb, e, k] = s_ent[sb, s, k]
         for q in range(len(str_slots)):
             c = str_slots[q]
-            n = s_acc_i[sb, s, c + 1]
+            n = s_ent[sb, s, c + 1]
             o = meta[tb, ARENA_USED]
-            so = s_acc_i[sb, s, c]
+            so = s_ent[sb, s, c]
             for k in range(n):
                 arena[tb, o + k] = s_arena[sb, so + k]
-            acc_i[tb, e, c] = o
+            ent[tb, e, c] = o
             meta[tb, ARENA_USED] = o + n
 
 
 @njit(nogil=True, cache=True)
 def live_bytes(T, str_slots):
     """Per bin: (live entries, arena bytes the live entries use)."""
-    slots, ent, live, acc_i, acc_f, arena, meta = T
+    slots, ent, live, arena, meta = T
     B = meta.shape[0]
     out = np.zeros((B, 2), np.int64)
     for b in range(B):
@@ -166,7 +165,7 @@ def live_bytes(T, str_slots):
                 out[b, 0] += 1
                 out[b, 1] += ent[b, e, KLEN]
                 for q in range(len(str_slots)):
-                    out[b, 1] += acc_i[b, e, str_slots[q] + 1]
+                    out[b, 1] += ent[b, e, str_slots[q] + 1]
     return out
 
 
@@ -176,7 +175,7 @@ def select(T, max_wstart, want_bin, counters):
 
     ``want_bin`` >= 0 limits to one bin; ``counters`` includes tuple counters.
     """
-    slots, ent, live, acc_i, acc_f, arena, meta = T
+    slots, ent, live, arena, meta = T
     n = 0
     for b in range(meta.shape[0]):
         n += meta[b, N_LIVE]
@@ -217,8 +216,11 @@ def bin_order(bins, n_bins):
 class BinnedTable:
     """Entries keyed by (key bytes, window start) in ``bins`` bins, with accumulator slots.
 
-    ``str_slots`` lists the int slots holding an arena offset of a string
-    value (its length is in the next slot), so copies move the bytes too.
+    Each entry is one row of ``ent``: its key and window columns, then
+    ``n_int`` int slots and ``n_float`` float slots (``entf`` is the same
+    memory seen as float64). ``str_slots`` lists the int slots holding an
+    arena offset of a string value (its length is in the next slot), so
+    copies move the bytes too.
     """
 
     def __init__(self, bins: int, n_int: int, n_float: int, str_slots=(), entries: int = 16, arena_bytes: int = 256):
@@ -229,24 +231,41 @@ class BinnedTable:
         slots[:, :, 1] = EMPTY
         self.arrays = (
             slots,
-            np.zeros((bins, E, 8), np.int64),             # entry columns WSTART..K1
+            np.zeros((bins, E, ACC + n_int + n_float), np.int64),  # entries
             np.zeros((bins, E), np.bool_),                # entry is live
-            np.zeros((bins, E, n_int), np.int64),         # int accumulators
-            np.zeros((bins, E, n_float), np.float64),     # float accumulators
             np.zeros((bins, max(64, int(arena_bytes))), np.uint8),  # key bytes and string values
             np.zeros((bins, 4), np.int64),                # meta per bin
         )
 
     @property
-    def ent(self): return self.arrays[1]
+    def ent(self) -> np.ndarray:
+        return self.arrays[1]
+
     @property
-    def acc_i(self): return self.arrays[3]
+    def entf(self) -> np.ndarray:
+        """The entry rows seen as float64 (for the float accumulator slots)."""
+        return self.arrays[1].view(np.float64)
+
+    def kernel_state(self) -> tuple:
+        """(slots, entries, entries as float64, live, arena, meta): what the accumulate kernels take."""
+        slots, ent, live, arena, meta = self.arrays
+        return slots, ent, ent.view(np.float64), live, arena, meta
+
     @property
-    def acc_f(self): return self.arrays[4]
+    def acc_i(self) -> np.ndarray:
+        return self.ent[:, :, ACC:ACC + self.n_int]
+
     @property
-    def arena(self): return self.arrays[5]
+    def acc_f(self) -> np.ndarray:
+        return self.entf[:, :, ACC + self.n_int:]
+
     @property
-    def meta(self): return self.arrays[6]
+    def arena(self) -> np.ndarray:
+        return self.arrays[3]
+
+    @property
+    def meta(self) -> np.ndarray:
+        return self.arrays[4]
 
     @property
     def n_live(self) -> int:
@@ -261,11 +280,11 @@ class BinnedTable:
 
         Dead entries and tombstones are dropped on the way.
         """
-        live = live_bytes(self.arrays, self.str_slots)
+        live = live_bytes(self.arrays, self.str_slots + ACC)
         fresh = BinnedTable(self.n_bins, self.n_int, self.n_float, self.str_slots,
                             2 * int(live[:, 0].max()) + entries, 2 * int(live[:, 1].max()) + arena_bytes)
         for b in range(self.n_bins):
-            copy_bin(self.arrays, b, fresh.arrays, b, self.str_slots)
+            copy_bin(self.arrays, b, fresh.arrays, b, self.str_slots + ACC)
         self.arrays = fresh.arrays
 
     def delete(self, bins: np.ndarray, entries: np.ndarray) -> None:
@@ -277,19 +296,19 @@ class BinnedTable:
 
     def extract(self, bin: int) -> "BinnedTable":
         """Remove and return bin ``bin``'s state (windows and tuple counters) as a one-bin table."""
-        live = live_bytes(self.arrays, self.str_slots)[bin]
+        live = live_bytes(self.arrays, self.str_slots + ACC)[bin]
         out = BinnedTable(1, self.n_int, self.n_float, self.str_slots, 2 * int(live[0]), int(live[1]) + 64)
-        copy_bin(self.arrays, bin, out.arrays, 0, self.str_slots)
+        copy_bin(self.arrays, bin, out.arrays, 0, self.str_slots + ACC)
         self.delete(*self.select(bin=bin, counters=True))
         return out
 
     def install(self, bin: int, state: "BinnedTable") -> None:
         """Add the entries of a one-bin table from :meth:`extract` to bin ``bin``."""
-        live = live_bytes(state.arrays, self.str_slots)[0]
-        slots, ent, _, _, _, arena, meta = self.arrays
+        live = live_bytes(state.arrays, self.str_slots + ACC)[0]
+        slots, ent, _, arena, meta = self.arrays
         if not room(slots, ent, arena, meta, bin, int(live[0]), int(live[1])):
             self.grow(int(live[0]), int(live[1]))
-        copy_bin(state.arrays, 0, self.arrays, bin, self.str_slots)
+        copy_bin(state.arrays, 0, self.arrays, bin, self.str_slots + ACC)
 
     def bins(self) -> np.ndarray:
         """The bins holding live entries."""
