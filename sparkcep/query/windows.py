@@ -25,6 +25,14 @@ def duration_us(value, what: str = "duration") -> int:
     return us
 
 
+def _show(us: int) -> str:
+    """A duration as the largest unit that divides it: '10s', '500ms', '5m'."""
+    for unit in ("d", "h", "m", "s", "ms"):
+        if us % _UNITS_US[unit] == 0:
+            return f"{us // _UNITS_US[unit]}{unit}"
+    return f"{us}us"
+
+
 class TimeWindow:
     """Event-time window ``[start, start+size)``, starts aligned to multiples of ``advance``.
 
@@ -48,7 +56,12 @@ class TimeWindow:
             raise QueryError(f"lateness must not be negative, got {lateness!r}")
 
     def __repr__(self) -> str:
-        return f"TimeWindow(size={self.size_us}us, advance={self.advance_us}us, lateness={self.lateness_us}us)"
+        parts = [_show(self.size_us)]
+        if self.advance_us != self.size_us:
+            parts.append(f"advance={_show(self.advance_us)}")
+        if self.lateness_us:
+            parts.append(f"lateness={_show(self.lateness_us)}")
+        return f"TimeWindow({', '.join(parts)})"
 
 
 class TupleWindow:
