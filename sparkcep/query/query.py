@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 from sparkcep.errors import QueryError, SchemaError
-from sparkcep.query.operators import Operator, Source, Stream
+from sparkcep.query.operators import Operator, Source, Stream, Union
 from sparkcep.schema import as_schema
 
 
@@ -45,7 +45,10 @@ class Query:
             raise QueryError(f"output {name!r}: expected a stream of query {self.name!r}, got {stream!r}")
         if name in self.outputs or name in self.sources:
             raise QueryError(f"output name {name!r} is already used in query {self.name!r}")
-        self.outputs[name] = stream.op
+        op = stream.op
+        if isinstance(op, Source):  # a stream published as it comes in: through a pass-through operator
+            op = Union(self, [op], None)
+        self.outputs[name] = op
 
     def explain(self) -> str:
         """The sub-queries, their operators and the balancer on each edge between them."""

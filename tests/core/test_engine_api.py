@@ -112,3 +112,15 @@ def test_end_of_one_input_of_a_join_waits_for_the_other():
         e.send("r", table([{"k": "a", "ts": T0 + 2 * S, "v": 2}], schema))
         e.end("r")
         assert e.collect("out").num_rows == 1
+
+
+def test_a_source_stream_as_an_output():
+    q = cep.Query("mirror")
+    q.output("copy", q.stream("ev", EV))
+    data = rows(1, 5, 2)
+    with cep.Engine.local() as e:
+        e.deploy(q, parallelism=2)
+        e.send("ev", table(data[:1], EV))
+        e.send("ev", table(data[1:], EV))
+        e.end("ev")
+        assert_same_rows(plain(e.collect("copy")), ref.frame(ref.stamp([("ev", data)], {"ev": "ts"})["ev"], EV))

@@ -121,7 +121,9 @@ def test_a_rejected_batch_leaves_no_trace(parallelism):
             assert_same_rows(got, want[o], o)
             # same sequence numbers too: identical row order per partition
             assert got.values.tolist() == want[o].values.tolist()
-        assert e.metrics() == want_metrics
+        got_metrics = e.metrics()
+        for key in ("sequence", "outputs", "late"):  # the deterministic counters (rates and latencies vary)
+            assert got_metrics[key] == want_metrics[key], key
 
 
 def test_input_formats_and_widening():

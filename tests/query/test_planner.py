@@ -141,3 +141,11 @@ def test_duplicate_names_and_outputs():
         q.output("o", a)
     with pytest.raises(cep.QueryError):
         q.output("a", a)  # a stream's name
+
+
+def test_a_source_published_as_an_output_passes_through_one_operator():
+    q, a, _ = streams()
+    q.output("copy", a)
+    (ops, inputs), = shape(q)
+    assert len(ops) == 1 and inputs == [("a", 0, "round-robin", [])]
+    assert q.outputs["copy"].schema == a.schema
