@@ -134,6 +134,7 @@ class Engine:
                     self.streams[stream] = left
                 else:
                     self.streams.pop(stream, None)
+                    self._ended.discard(stream)
             dep.close()
 
     # --- input -------------------------------------------------------------------

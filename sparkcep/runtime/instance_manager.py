@@ -23,6 +23,7 @@ such a process idles until SIGTERM.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import pickle
 import signal
@@ -41,6 +42,7 @@ from sparkcep.runtime.instance import InstanceRunner
 from sparkcep.runtime.layout import ENGINE, Endpoint, Layout
 from sparkcep.runtime.metrics import EpochClock
 from sparkcep.runtime.topology import pin, prefer_node
+from sparkcep.runtime.warmup import warm_up
 
 SPIN_S = 100e-6     # busy-poll this long after the last message before sleeping
 SLEEP_S = 0.2       # longest sleep: bounds a missed wake-up and the parent-death check
@@ -136,26 +138,23 @@ class InstanceManager:
 
     def _sleep(self) -> None:
         live = [h for h in self.hosted.values() if not h.failed]
-        for h in live:
-            for rd in h.readers:
-                rd.sleep_flag(True)
-            for w in h.writers:
-                if w.backlog_bytes:
-                    w.sleep_flag(True)
+        readers = [rd for h in live for rd in h.readers]
+        writers = [w for h in live for w in h.writers if w.backlog_bytes]
+        for rd in readers:
+            rd.sleep_flag(True)
+        for w in writers:
+            w.sleep_flag(True)
+        ready = []
         try:
-            if any(rd.ready() for h in live for rd in h.readers):
-                return
-            if any(w.backlog_bytes and w.flush() for h in live for w in h.writers):
-                return
-            ready = self.bell.wait(SLEEP_S, also=[self.conn])
-            if self.conn in ready:
-                self._control(0)
+            if not any(rd.ready() for rd in readers) and not any(w.flush() for w in writers):
+                ready = self.bell.wait(SLEEP_S, also=[self.conn])
         finally:
-            for h in live:
-                for rd in h.readers:
-                    rd.sleep_flag(False)
-                for w in h.writers:
-                    w.sleep_flag(False)
+            for rd in readers:
+                rd.sleep_flag(False)
+            for w in writers:
+                w.sleep_flag(False)
+        if self.conn in ready:
+            self._control(0)  # after the flags: a control message may close these channels
         if os.getppid() != self.ppid:  # the engine is gone
             self.stopping = True
 
@@ -259,9 +258,11 @@ def serve(config: IMConfig, conn, close=()) -> None:
         except OSError:
             pass
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the engine; it stops us
+    faulthandler.register(signal.SIGUSR1, all_threads=False)  # kill -USR1 <pid>: where is it stuck?
     try:
         pin(config.cpu)
         prefer_node(config.node)
+        warm_up()  # at once when forked from a warm parent; else compiles or loads numba's cache
         im = InstanceManager(config, conn)
         conn.send(("ready", config.index, {"pid": os.getpid(), "cpu": config.cpu, "node": config.node}))
     except Exception as e:

@@ -37,8 +37,9 @@ from sparkcep.runtime.instance_manager import DeploySpec, IMConfig, serve
 from sparkcep.runtime.layout import ENGINE, Endpoint
 from sparkcep.runtime.placement import Slot, im_slots, place
 from sparkcep.runtime.topology import Topology
+from sparkcep.runtime.warmup import warm_up
 
-START_TIMEOUT_S = 60.0
+START_TIMEOUT_S = 120.0
 REPLY_TIMEOUT_S = 30.0
 WAIT_TIMEOUT_S = 120.0     # collect()/wait(): outputs must catch up within this long
 SEND_TIMEOUT_S = 60.0      # send(): a ring must take something within this long
@@ -95,8 +96,10 @@ class WorkerPool:
     # --- processes ---------------------------------------------------------------------
     def _start(self) -> None:
         ctx = mp.get_context(self.method)
-        if self.method == "forkserver":
-            ctx.set_forkserver_preload(["sparkcep.runtime.instance_manager"])
+        if self.method == "fork":
+            warm_up()  # the workers inherit the compiled kernels
+        elif self.method == "forkserver":
+            ctx.set_forkserver_preload(["sparkcep.runtime.forkserver_preload"])
         for slot in self.slots:
             bell = os.path.join(self.dir, f"im-{slot.index}")
             os.mkfifo(bell, 0o600)
