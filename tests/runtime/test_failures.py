@@ -1,0 +1,142 @@
+"""A worker that dies or fails: a clear error on the deployment, nothing hangs, nothing is left behind."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import psutil
+import pyarrow as pa
+import pytest
+
+import sparkcep as cep
+
+
+def events(n, start=0):
+    return {"k": [f"k{i % 7}" for i in range(start, start + n)],
+            "ts": pa.array(np.arange(start, start + n) * 1_000_000, pa.timestamp("us")),
+            "v": np.arange(start, start + n)}
+
+
+def query(name="fq"):
+    q = cep.Query(name)
+    s = q.stream("f_in", "k string, ts timestamp, v int64")
+    q.output("f_out", s.filter(cep.col("v") >= 0, name="keep")
+             .aggregate(cep.TimeWindow("5s"), by="k", name="agg", n=cep.count()))
+    return q
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_a_killed_instance_manager_fails_its_deployment_with_a_clear_error():
+    with cep.Engine.local(workers=2) as engine:
+        dep = engine.deploy(query(), parallelism=2)
+        engine.send("f_in", events(100))
+        assert engine.collect("f_out").num_rows > 0
+        victim = engine.pool.workers[1]
+        os.kill(victim.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(cep.EngineError) as e:
+            for i in range(1000):  # the error surfaces on a send or on collect, never a hang
+                engine.send("f_in", events(100, 100 * (i + 1)))
+                engine.collect("f_out", timeout=30)
+        assert time.monotonic() - t0 < 10
+        err = e.value
+        assert err.code == "WORKER_DIED"
+        text = str(err)
+        assert "instance manager 1" in text and f"pid {victim.pid}" in text and "query fq" in text
+        assert "SQ1[1]" in text and "SQ2[1]" in text, text
+        assert dep.error is err
+        with pytest.raises(cep.EngineError, match="instance manager 1"):
+            dep.explain() and engine.collect("f_out")
+        ims = engine.metrics()["instance_managers"]
+        assert ims[1]["alive"] is False and ims[0]["alive"] is True
+        pids = [w.pid for w in engine.pool.workers]
+    t0 = time.monotonic()
+    while not all(gone(p) for p in pids) and time.monotonic() - t0 < 5:
+        time.sleep(0.05)
+    assert all(gone(p) for p in pids)
+
+
+def failing(batch):
+    if pa.compute.max(batch.column("v")).as_py() >= 150:
+        raise ValueError("v too large for this operator")
+    return batch
+
+
+def test_an_operator_failing_inside_a_worker_is_reported_with_its_place():
+    with cep.Engine.local(workers=2) as engine:
+        q = cep.Query("boom")
+        s = q.stream("b_in", "k string, ts timestamp, v int64")
+        q.output("b_out", s.apply(failing, name="picky"))
+        engine.deploy(q, parallelism=2)
+        engine.send("b_in", events(100))
+        assert engine.collect("b_out").num_rows == 100
+        with pytest.raises(cep.EngineError) as e:
+            engine.send("b_in", events(100, 100))
+            engine.collect("b_out", timeout=30)
+        assert e.value.code == "INSTANCE_FAILED"
+        assert "v too large" in str(e.value) and "SQ1[" in str(e.value) and "query boom" in str(e.value)
+        # the other instance managers carry on with other queries
+        engine.undeploy("boom")
+        engine.deploy(query("after"), parallelism=2)
+        engine.send("f_in", events(50))
+        engine.end("f_in")
+        assert engine.collect("f_out").column("n").to_pylist() and \
+            sum(engine.collect("f_out").column("n").to_pylist()) == 50
+
+
+def test_workers_stop_by_themselves_when_the_engine_process_dies(tmp_path):
+    script = textwrap.dedent(f"""
+        import json, os, signal, sys
+        sys.path.insert(0, {os.path.dirname(os.path.dirname(cep.__file__))!r})
+        import sparkcep as cep
+        e = cep.Engine.local(workers=2)
+        print(json.dumps([w.pid for w in e.pool.workers]), flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    env = dict(os.environ, SPARKCEP_HOME=str(tmp_path))
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    pids = json.loads(p.stdout.strip().splitlines()[-1])
+    t0 = time.monotonic()
+    while not all(gone(pid) for pid in pids) and time.monotonic() - t0 < 10:
+        time.sleep(0.1)
+    assert all(gone(pid) for pid in pids), pids
+
+
+def test_close_leaves_no_process_and_no_shared_memory():
+    engine = cep.Engine.local(workers=2)
+    engine.deploy(query(), parallelism=2)
+    engine.send("f_in", events(10))
+    pids, shm = [w.pid for w in engine.pool.workers], engine.pool.dir
+    assert os.path.isdir(shm)
+    engine.close()
+    assert all(gone(p) for p in pids)
+    assert not os.path.exists(shm)
+    with pytest.raises(cep.EngineError, match="closed"):
+        engine.send("f_in", events(1))
+
+
+def test_forkserver_workers_give_the_same_results():
+    """The start method used when other threads run (e.g. a JVM gateway) works the same."""
+    sent = events(300)
+    with cep.Engine.local(workers=0) as ref:
+        ref.deploy(query())
+        ref.send("f_in", sent)
+        ref.end("f_in")
+        want = ref.collect("f_out").sort_by([("window_start", "ascending"), ("k", "ascending")])
+    with cep.Engine.local(workers=2, start_method="forkserver") as engine:
+        engine.deploy(query(), parallelism=2)
+        engine.send("f_in", sent)
+        engine.end("f_in")
+        got = engine.collect("f_out").sort_by([("window_start", "ascending"), ("k", "ascending")])
+    assert got.equals(want)
