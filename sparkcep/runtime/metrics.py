@@ -196,7 +196,8 @@ def deployment_metrics(dep, instances: dict, counters: dict) -> dict:
         for m in mine.values():
             for k in queue:
                 queue[k] += m["queue"][k]
-        sqs[sq.name] = {"instances": dep.parallelism[sq.name], "rows_in": s_in, "rows_out": s_out,
+        sqs[sq.name] = {"operators": [op.name for op in sq.operators],
+                        "instances": dep.parallelism[sq.name], "rows_in": s_in, "rows_out": s_out,
                         "busy_s": sum(m["busy_ns"] for m in mine.values()) / 1e9,
                         "epoch": min((m["epoch"] for m in mine.values()), default=0),
                         "latency_ms": _pct([h for hs in lat.values() for h in hs]), "queue": queue,

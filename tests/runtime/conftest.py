@@ -10,6 +10,15 @@ from harness import Run, plain, table
 _names = itertools.count(1)
 
 
+@pytest.fixture(autouse=True)
+def own_home(tmp_path_factory, monkeypatch):
+    """Engines started here publish themselves in a private SPARKCEP_HOME, not the user's."""
+    home = tmp_path_factory.getbasetemp() / "sparkcep-home"
+    home.mkdir(exist_ok=True)
+    monkeypatch.setenv("SPARKCEP_HOME", str(home))
+    return home
+
+
 @pytest.fixture(scope="session")
 def worker_engines():
     """``get(n)``: a session-wide engine with ``n`` instance managers."""

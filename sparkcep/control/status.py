@@ -1,0 +1,116 @@
+"""``sparkcep status``: what a running engine is doing — queries, sub-queries, instance managers.
+
+Reads the engine's metrics through its loopback endpoint (the local engine
+by default, or ``--engine host:port``) and prints, per query, its input rate,
+throughput and latency, each sub-query's instances and where they run, and
+per instance manager its core, CPU, memory and bytes in/out.
+
+    sparkcep status                 # the local engine, once
+    sparkcep status --watch 1       # every second until Ctrl-C
+    sparkcep status --json          # the raw metrics
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from sparkcep.errors import SparkcepError
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--engine", default=None, help="host:port of the engine (default: the local engine)")
+    parser.add_argument("--json", action="store_true", help="print the raw metrics as JSON")
+    parser.add_argument("--watch", type=float, default=0, metavar="SECONDS", help="repeat every SECONDS")
+
+
+def run(args) -> int:
+    from sparkcep.control.client import EngineClient
+
+    try:
+        with EngineClient.connect(args.engine, timeout=30) as client:
+            while True:
+                hello, metrics = client.hello(), client.metrics()
+                try:
+                    registered = client.instance_managers()
+                except SparkcepError:
+                    registered = []
+                if args.json:
+                    print(json.dumps({"engine": hello, "metrics": metrics, "registered": registered}, indent=1))
+                else:
+                    print(render(hello, metrics, registered), flush=True)
+                if not args.watch:
+                    return 0
+                time.sleep(args.watch)
+                print()
+    except KeyboardInterrupt:
+        return 0
+    except SparkcepError as e:
+        print(f"sparkcep status: {e} [{e.code}]", file=sys.stderr)
+        return 1
+
+
+def _rate(x) -> str:
+    x = float(x or 0)
+    for unit, k in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if x >= k:
+            return f"{x / k:.1f}{unit}"
+    return f"{x:.0f}"
+
+
+def _bytes(x) -> str:
+    x = float(x or 0)
+    for unit, k in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if x >= k:
+            return f"{x / k:.1f} {unit}"
+    return f"{x:.0f} B"
+
+
+def _lat(d: dict) -> str:
+    return " ".join(f"{k} {v:g}" for k, v in d.items() if k in ("p50", "p99")) + " ms" if d else "-"
+
+
+def render(hello: dict, m: dict, registered: list) -> str:
+    """The status text of one metrics snapshot."""
+    lines = [f"engine {hello.get('address')} (pid {hello.get('pid')}): {m.get('sequence', 0):,} tuples in"]
+    ims = m.get("instance_managers") or {}
+    if ims:
+        lines.append(f"instance managers ({len(ims)}):")
+        lines.append(f"  {'IM':>3} {'pid':>7} {'cpu':>4} {'node':>4} {'state':>6} {'cpu%':>6} {'rss':>9} "
+                     f"{'in/s':>9} {'out/s':>9} {'instances':>9}")
+        for i, im in sorted(ims.items(), key=lambda kv: int(kv[0])):
+            state = "up" if im.get("alive") else "DEAD"
+            lines.append(f"  {i:>3} {im.get('pid', ''):>7} {im.get('cpu', ''):>4} {im.get('node', ''):>4} "
+                         f"{state:>6} {im.get('cpu_percent', 0):>6} {_bytes(im.get('rss_bytes')):>9} "
+                         f"{_bytes(im.get('bytes_in_rate')) + '/s':>9} {_bytes(im.get('bytes_out_rate')) + '/s':>9} "
+                         f"{im.get('instances', ''):>9}")
+            if im.get("error"):
+                lines.append(f"      {im['error']}")
+    else:
+        lines.append("instance managers: none (instances run in the engine process)")
+    queries = m.get("queries") or {}
+    lines.append(f"queries ({len(queries)}):")
+    for name, q in queries.items():
+        lines.append(f"  {name}: in {q['rows_in']:,} ({_rate(q.get('input_rate'))}/s), out {q['rows_out']:,} "
+                     f"({_rate(q.get('throughput'))}/s), latency {_lat(q.get('latency_ms', {}))}, "
+                     f"epoch {q.get('done_epoch')}/{q.get('epoch')}")
+        for sq_name, sq in q.get("subqueries", {}).items():
+            queue = sq.get("queue", {})
+            lines.append(f"    {sq_name} x{sq['instances']} [{' -> '.join(sq.get('operators', []))}]: "
+                         f"in {sq['rows_in']:,} ({_rate(sq.get('input_rate'))}/s), out {sq['rows_out']:,} "
+                         f"({_rate(sq.get('throughput'))}/s), latency {_lat(sq.get('latency_ms', {}))}, "
+                         f"queued {_bytes(queue.get('input_bytes'))} + {queue.get('stashed_rows', 0):,} rows")
+            for where in sq.get("placement", []):
+                lines.append(f"        {where}")
+        for out, o in q.get("outputs", {}).items():
+            lines.append(f"    output {out}: {o['rows']:,} rows, latency {_lat(o.get('latency_ms', {}))}")
+        late = (m.get("late") or {}).get(name) or {}
+        if any(late.values()):
+            lines.append(f"    late tuples: " + ", ".join(f"{k} {v:,}" for k, v in late.items()))
+    if registered:
+        lines.append(f"registered executor instance managers ({len(registered)}):")
+        for r in registered:
+            lines.append(f"  {r.get('id')}: pid {r.get('pid')}, cpu {r.get('cpu')}, {r.get('kind', '')}, "
+                         f"executor {r.get('executor', '')}")
+    return "\n".join(lines)
