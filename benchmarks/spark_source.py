@@ -60,7 +60,8 @@ def main(argv=None) -> int:
     from pyspark.sql import SparkSession
 
     spark = (SparkSession.builder.master(a.master).appName("sparkcep-spark-source-bench")
-             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", "2")
              .config("spark.sql.session.timeZone", "UTC").getOrCreate())
     spark.sparkContext.setLogLevel("OFF")  # stopping the endless rate query mid-batch logs aborts
 
