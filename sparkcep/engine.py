@@ -173,12 +173,17 @@ class Engine:
         return n
 
     def end(self, stream: str) -> None:
-        """End of input for ``stream``: once all inputs of a query end, every open window fires."""
+        """End of input for ``stream``: once all inputs of a query end, every open window fires.
+
+        Returns when the outputs reflect it (with workers too).
+        """
         with self._lock:
             deps = self._deployments_of(stream)
             self._ended.add(stream)
             for dep in deps:
                 dep.end(stream, self._seq - 1)
+        for dep in deps:  # with workers: return once what the end fired is out, as in one process
+            dep.wait()
 
     # --- output ------------------------------------------------------------------
     def collect(self, output: str, timeout: float | None = None) -> pa.Table:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+from numba import njit
 
 from sparkcep.core import columns
 from sparkcep.core.hashing import hash_rows
@@ -68,11 +69,26 @@ class RouteKey(Balancer):
         target = self.table[self.bins_of(batch)]
         if (target == target[0]).all():
             return [(int(target[0]), batch)]
-        order = np.argsort(target, kind="stable")
-        sorted_batch = batch.take(pa.array(order))
-        bounds = np.searchsorted(target[order], np.arange(self.instances + 1))
-        return [(i, sorted_batch.slice(bounds[i], bounds[i + 1] - bounds[i]))
+        order, bounds = group_by_target(target, self.instances)
+        return [(i, batch.take(pa.array(order[bounds[i]:bounds[i + 1]])))
                 for i in range(self.instances) if bounds[i + 1] > bounds[i]]
+
+
+@njit(nogil=True, cache=True)
+def group_by_target(target, n):
+    """Row indices grouped by target (a stable counting sort) and each group's bounds in them."""
+    bounds = np.zeros(n + 1, np.int64)
+    for t in target:
+        bounds[t + 1] += 1
+    for i in range(n):
+        bounds[i + 1] += bounds[i]
+    fill = bounds[:-1].copy()
+    order = np.empty(len(target), np.int64)
+    for r in range(len(target)):
+        t = target[r]
+        order[fill[t]] = r
+        fill[t] += 1
+    return order, bounds
 
 
 def balancer_for(edge: Edge, instances: int, bins: int) -> Balancer:

@@ -270,7 +270,14 @@ def serve(config: IMConfig, conn, close=()) -> None:
             conn.send(("error", config.index, f"{type(e).__name__}: {e}"))
         finally:
             return
-    im.loop()
+    profile = os.environ.get("SPARKCEP_PROFILE_IM")  # a directory: write cProfile stats per worker there
+    if profile:
+        import cProfile
+        prof = cProfile.Profile()
+        prof.runcall(im.loop)
+        prof.dump_stats(os.path.join(profile, f"im-{config.index}.prof"))
+    else:
+        im.loop()
     for h in list(im.hosted):
         im._undeploy(h)
     im.bell.close()
