@@ -122,16 +122,17 @@ class InstanceManager:
                 idle_since = None
 
     def _step(self, h: Hosted) -> int:
-        work = 0
+        work, current = 0, None
         try:
-            for r in h.runners:
-                if r.router.backlog_bytes:
-                    r.router.flush()
-                if r.ready:
-                    work += r.poll()
+            for current in h.runners:
+                if current.router.backlog_bytes:
+                    current.router.flush()
+                if current.ready:
+                    work += current.poll()
         except Exception as e:  # an operator failed: report it, stop running this deployment
             h.failed = True
-            where = f"instance manager {self.config.index} (pid {os.getpid()}): {r.name} of query {h.spec.id}"
+            where = (f"instance manager {self.config.index} (pid {os.getpid()}): "
+                     f"{current.name if current else '?'} of query {h.spec.id.split('#')[0]}")
             self._send(("failed", h.spec.id, f"{where} failed: {type(e).__name__}: {e}\n"
                                              f"{traceback.format_exc()}"))
         return work

@@ -25,6 +25,7 @@ import shutil
 import tempfile
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 
 from sparkcep.errors import EngineError
@@ -76,6 +77,7 @@ class WorkerPool:
         self.ring_bytes = ring_bytes
         self.method = method or start_method()
         self.dir = tempfile.mkdtemp(prefix=f"sparkcep-{os.getpid()}-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        weakref.finalize(self, shutil.rmtree, self.dir, True)  # even if close() is never called
         self.send_bell = Doorbell.create(os.path.join(self.dir, "engine-send"))
         self.sink_bell = Doorbell.create(os.path.join(self.dir, "engine-sink"))
         self.deployments: dict[str, "WorkerDeployment"] = {}

@@ -4,6 +4,7 @@ managers give the same result multiset (and the same late counts) as parallelism
 import datetime as dt
 
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -37,6 +38,12 @@ class RunningCount(cep.StatefulOperator):
         return pa.RecordBatch.from_pydict({"k": pa.array(out_k, pa.string()), "n": pa.array(out_n, pa.int64())})
 
 
+def negate_x(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A user's stateless operator (apply): x -> -x, hidden columns kept."""
+    i = batch.schema.get_field_index("x")
+    return batch.set_column(i, "x", pa.compute.negate(batch.column(i)))
+
+
 def window(p):
     if p["kind"] == "time":
         return cep.TimeWindow(f"{p['size']}s", advance=f"{p['adv']}s", lateness=f"{p['late']}s")
@@ -59,7 +66,7 @@ def build(p) -> cep.Query:
     shape = p["shape"]
     if shape == "stateless":
         a, b = s.demux(cep.col("v") > 0, cep.col("k").is_null(), name="d")
-        q.output("out", a.union(b, name="u").map(k="k", v="v", ts="ts", name="p"))
+        q.output("out", a.union(b, name="u").apply(negate_x, name="neg").map(k="k", v="v", x="x", ts="ts", name="p"))
     elif shape in ("agg", "chain"):
         names = p["funcs"] | ({"n"} if shape == "chain" else set())
         out = s.aggregate(window(p["w"]), by=p["by"], name="a1", **funcs(names))
