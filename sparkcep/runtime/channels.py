@@ -342,7 +342,9 @@ class RingWriter(Channel):
 
     def sleep_flag(self, on: bool) -> None:
         """Say (in the header) that we sleep until the reader frees space."""
-        self.ring.head[_WRITER_SLEEPS] = 1 if on else 0
+        head = self.ring.head  # None once closed (maybe by another thread)
+        if head is not None:
+            head[_WRITER_SLEEPS] = 1 if on else 0
 
     def flush_blocking(self, timeout: float, check=None, spin: float = 50e-6) -> None:
         """Flush the whole backlog, waiting for the reader: a short spin, then sleeps on our doorbell.
@@ -448,12 +450,15 @@ class RingReader(Channel):
             ring.peer.ring()
 
     def ready(self) -> bool:
-        """Is there a message not received yet?"""
-        return self._next != int(self.ring.head[_W])
+        """Is there a message not received yet? (False once closed.)"""
+        head = self.ring.head
+        return head is not None and self._next != int(head[_W])
 
     def sleep_flag(self, on: bool) -> None:
         """Say (in the header) that we sleep until the writer sends something."""
-        self.ring.head[_READER_SLEEPS] = 1 if on else 0
+        head = self.ring.head
+        if head is not None:
+            head[_READER_SLEEPS] = 1 if on else 0
 
     @property
     def queued_bytes(self) -> int:

@@ -25,8 +25,9 @@ import shutil
 import tempfile
 import threading
 import time
+import traceback
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sparkcep.errors import EngineError
 from sparkcep.query.query import Query
@@ -60,7 +61,7 @@ class Worker:
     bell: str
     pid: int = 0
     dead: str | None = None
-    send_lock: threading.Lock = None
+    send_lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 def start_method() -> str:
@@ -112,7 +113,7 @@ class WorkerPool:
                             daemon=True)
             p.start()
             theirs.close()
-            self.workers.append(Worker(slot, p, mine, bell, send_lock=threading.Lock()))
+            self.workers.append(Worker(slot, p, mine, bell))
         deadline = time.monotonic() + START_TIMEOUT_S
         for w in self.workers:
             while not w.conn.poll(0.1):
@@ -201,6 +202,14 @@ class WorkerPool:
 
     # --- the collector thread -----------------------------------------------------------
     def _collect(self) -> None:
+        while not self._closed:
+            try:
+                self._collect_loop()
+            except Exception:  # a bug here must not leave every waiter hanging: report, keep going
+                traceback.print_exc()
+                time.sleep(0.01)
+
+    def _collect_loop(self) -> None:
         turns = 0
         while not self._closed:
             moved = 0

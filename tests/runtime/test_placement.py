@@ -142,3 +142,14 @@ def test_a_local_engine_pins_its_instance_managers_and_explains_placement():
         assert m["cpu_num"] == m["cpu"]  # psutil sees it running where it was pinned
         assert f"instance manager {i} (pid {m['pid']}, cpu {m['cpu']}, node {m['node']})" in text
     assert "SQ1 x2" in text
+
+
+def test_a_topology_naming_cpus_this_machine_lacks_fails_clearly():
+    allowed = os.sched_getaffinity(0)
+    missing = [c for c in range(18) if c not in allowed]
+    if not missing:
+        pytest.skip("this machine has all of the Bullion's node-0 cpus")
+    with pytest.raises(cep.EngineError) as e:
+        cep.Engine.local(workers=18, topology=BULLION)
+    assert e.value.code == "WORKER_START"
+    assert f"cannot pin to cpu {missing[0]}" in str(e.value)
