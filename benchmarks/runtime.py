@@ -31,7 +31,7 @@ except ModuleNotFoundError:  # run from a source checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import sparkcep as cep
 
-from sparkcep.runtime.channels import Data, Doorbell, Progress, RingReader, RingWriter, create_ring
+from sparkcep.runtime.channels import Doorbell, Progress, RingReader, RingWriter, create_ring
 
 
 def _pin(i):

@@ -16,7 +16,6 @@ import pyarrow as pa
 
 from sparkcep.core import columns
 from sparkcep.core.ingest import to_batch
-from sparkcep.core.operators import WM_NONE
 from sparkcep.errors import EngineError, InputError, QueryError, UnknownStreamError
 from sparkcep.query.query import Query
 from sparkcep.runtime.deployment import Deployment

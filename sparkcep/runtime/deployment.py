@@ -15,7 +15,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import numpy as np
 import pyarrow as pa
 
 from sparkcep.core import columns
@@ -126,8 +125,8 @@ class Deployment:
         self.epoch = 1  # the open epoch: data pushed now belongs to it, progress closes it
         self.error: EngineError | None = None
         self._arrival: int | None = None
-        self.started = time.monotonic()
         self._connect()
+        self._source_streams = {c: self.layout.sources_of(self.layout.sq[c[0]]) for c in self._source_channels}
 
     def _connect(self) -> None:
         """Create the instances and their channels: here all in this process."""
@@ -169,9 +168,8 @@ class Deployment:
         arrival = self._arrival or time.monotonic_ns()
         self._arrival = None
         self.clock.note(self.epoch, frontier, arrival)
-        for consumer, ch in self._source_channels.items():
-            sq = self.layout.sq[consumer[0]]
-            wm = min(self.sources[s].watermark for s in self.layout.sources_of(sq))
+        for consumer, ch in self._source_channels.items():  # each instance: min over the streams it reads
+            wm = min(self.sources[s].watermark for s in self._source_streams[consumer])
             ch.send_progress(self.epoch, frontier, wm, arrival)
         self.epoch += 1
         self._run()

@@ -30,7 +30,7 @@ import signal
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import psutil
 
@@ -85,7 +85,6 @@ class Hosted:
     readers: list[RingReader]
     writers: list[RingWriter]
     failed: bool = False
-    rr: int = field(default=0)
 
 
 class InstanceManager:
