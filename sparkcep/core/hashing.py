@@ -14,13 +14,12 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-FNV_OFFSET = np.uint64(0xCBF29CE484222325)
-FNV_PRIME = np.uint64(0x100000001B3)
+SEED = np.uint64(0x9E3779B97F4A7C15)
 
 
 @njit(nogil=True, cache=True, inline="always")
 def _mix(h):
-    # splitmix64 finaliser: spreads FNV's weak low bits before masking into bins/slots
+    # splitmix64 finaliser: every input bit reaches every output bit
     h ^= h >> np.uint64(30)
     h *= np.uint64(0xBF58476D1CE4E5B9)
     h ^= h >> np.uint64(27)
@@ -29,52 +28,47 @@ def _mix(h):
     return h
 
 
-@njit(nogil=True, cache=True)
-def hash_range(data, start, end):
-    h = FNV_OFFSET
-    for i in range(start, end):
-        h = (h ^ np.uint64(data[i])) * FNV_PRIME
-    return _mix(h)
-
-
-@njit(nogil=True, cache=True)
-def hash_rows(offsets, data):
-    """64-bit hash of each encoded key."""
-    n = len(offsets) - 1
-    out = np.empty(n, np.uint64)
-    for i in range(n):
-        out[i] = hash_range(data, offsets[i], offsets[i + 1])
-    return out
+@njit(nogil=True, cache=True, inline="always")
+def _word(data, s, e):
+    """The bytes data[s:e] (at most 8) packed little-endian into a uint64."""
+    w = np.uint64(0)
+    for k in range(e - s):
+        w |= np.uint64(data[s + k]) << np.uint64(8 * k)
+    return w
 
 
 @njit(nogil=True, cache=True)
 def hash_words(offsets, data):
-    """(hash, first 8 bytes, next 8 bytes) of each encoded key, bytes packed little-endian.
+    """(hash, first 8 bytes, next 8 bytes) of each encoded key.
 
-    The two words let tables compare keys of up to 16 bytes without touching
-    their key arena.
+    The hash mixes the key 8 bytes at a time, with its length (so keys that
+    differ only in trailing zero bytes differ). The two words let tables
+    compare keys of up to 16 bytes without touching their key arena. Every
+    place that needs a key's hash or bin uses this one function.
     """
     n = len(offsets) - 1
     h = np.empty(n, np.uint64)
-    w0 = np.zeros(n, np.int64)
-    w1 = np.zeros(n, np.int64)
+    w0 = np.empty(n, np.int64)
+    w1 = np.empty(n, np.int64)
     for i in range(n):
-        s, e = offsets[i], offsets[i + 1]
-        x = FNV_OFFSET
-        a = np.uint64(0)
-        c = np.uint64(0)
-        for k in range(s, e):
-            byte = np.uint64(data[k])
-            x = (x ^ byte) * FNV_PRIME
-            j = k - s
-            if j < 8:
-                a |= byte << np.uint64(8 * j)
-            elif j < 16:
-                c |= byte << np.uint64(8 * (j - 8))
-        h[i] = _mix(x)
+        s, e = np.int64(offsets[i]), np.int64(offsets[i + 1])
+        a = _word(data, s, min(e, s + 8))
+        c = _word(data, min(e, s + 8), min(e, s + 16))
+        x = _mix(a ^ (np.uint64(e - s) * SEED))
+        x = _mix(x ^ c)
+        k = s + 16
+        while k < e:
+            x = _mix(x ^ _word(data, k, min(e, k + 8)))
+            k += 8
+        h[i] = x
         w0[i] = np.int64(a)
         w1[i] = np.int64(c)
     return h, w0, w1
+
+
+def hash_rows(offsets, data) -> np.ndarray:
+    """64-bit hash of each encoded key (the route-key hash)."""
+    return hash_words(offsets, data)[0]
 
 
 @njit(nogil=True, cache=True)
