@@ -20,3 +20,11 @@ __all__ = ["Query", "Stream", "Schema", "Engine", "TimeWindow", "TupleWindow", "
            "count", "sum", "avg", "min", "max", "first", "last", "StatefulOperator",
            "SparkcepError", "SchemaError", "QueryError", "InputError", "UnknownStreamError", "EngineError"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # sparkcep.spark (the Spark data source and configure()) pulls in pyspark: load it on first use
+    if name == "spark":
+        import importlib
+        return importlib.import_module("sparkcep.spark")
+    raise AttributeError(f"module 'sparkcep' has no attribute {name!r}")

@@ -6,9 +6,13 @@ independent semantics in ``reference.py``; both are importable from tests.
 
 import os
 import sys
+import tempfile
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+# Engines announce themselves in $SPARKCEP_HOME/local.json: keep the test run's out of ~/.sparkcep.
+os.environ.setdefault("SPARKCEP_HOME", tempfile.mkdtemp(prefix="sparkcep-tests-"))
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 for path in (HERE, os.path.dirname(HERE)):
