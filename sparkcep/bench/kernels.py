@@ -60,23 +60,6 @@ def parse_ip(values: pa.Array) -> pa.Array:
 
 
 @njit(nogil=True, cache=True)
-def group_rows(keys, nkeys):
-    """Counting sort: (rows ordered by key, keeping row order within a key; start of each key)."""
-    starts = np.zeros(nkeys + 1, np.int64)
-    for i in range(len(keys)):
-        starts[keys[i] + 1] += 1
-    for k in range(nkeys):
-        starts[k + 1] += starts[k]
-    pos = starts[:-1].copy()
-    order = np.empty(len(keys), np.int64)
-    for i in range(len(keys)):
-        k = keys[i]
-        order[pos[k]] = i
-        pos[k] += 1
-    return order, starts
-
-
-@njit(nogil=True, cache=True)
 def count_rows(rows, hashes, koff, kdata, slots, e_hash, e_off, e_len, e_count, arena, meta, touched, last):
     """Add 1 to the count of each row's key (rows in order); returns how many entries were touched.
 

@@ -34,7 +34,8 @@ import pyarrow as pa
 
 import sparkcep as cep
 from sparkcep.bench.generator import RECORD_DDL
-from sparkcep.bench.kernels import CountTable, group_rows, parse_ip, string_buffers
+from sparkcep.bench.kernels import CountTable, parse_ip, string_buffers
+from sparkcep.core.table import group_rows
 from sparkcep.core.hashing import hash_rows
 
 STREAM = "uservisits"

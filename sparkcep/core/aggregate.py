@@ -15,7 +15,7 @@ from numba import njit
 from sparkcep.core import columns
 from sparkcep.core.hashing import gather_binned, hash_words
 from sparkcep.core.strings import compare_bytes
-from sparkcep.core.table import ACC, AUX, COUNTER, KLEN, KOFF, TS, WSTART, BinnedTable, bin_order, find_or_insert, room
+from sparkcep.core.table import ACC, AUX, COUNTER, KLEN, KOFF, TS, WSTART, BinnedTable, find_or_insert, group_rows, room
 from sparkcep.query.aggregates import AggFunc
 from sparkcep.query.windows import TimeWindow, TupleWindow
 from sparkcep.schema import TYPES, Schema
@@ -319,7 +319,7 @@ class WindowAggregate:
         if n == 0:
             return []
         K = self.route(batch)
-        order = bin_order(K[5], self.bins)
+        order, _ = group_rows(K[5], self.bins)  # bin after bin, sequence order within a bin
         ts = batch.column(columns.TS).to_numpy()
         wm = batch.column(columns.WM).to_numpy()
         seq = batch.column(columns.SEQ).to_numpy()

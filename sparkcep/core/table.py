@@ -198,19 +198,20 @@ def select(T, max_wstart, want_bin, counters):
 
 
 @njit(nogil=True, cache=True)
-def bin_order(bins, n_bins):
-    """Row order grouping rows by bin, sequence order kept within a bin (counting sort)."""
-    counts = np.zeros(n_bins + 1, np.int64)
-    for i in range(len(bins)):
-        counts[bins[i] + 1] += 1
-    for b in range(n_bins):
-        counts[b + 1] += counts[b]
-    order = np.empty(len(bins), np.int64)
-    for i in range(len(bins)):
-        b = bins[i]
-        order[counts[b]] = i
-        counts[b] += 1
-    return order
+def group_rows(keys, n_keys):
+    """Stable counting sort: (row indices grouped by key, order kept within a key; start of each key)."""
+    starts = np.zeros(n_keys + 1, np.int64)
+    for i in range(len(keys)):
+        starts[keys[i] + 1] += 1
+    for k in range(n_keys):
+        starts[k + 1] += starts[k]
+    fill = starts[:-1].copy()
+    order = np.empty(len(keys), np.int64)
+    for i in range(len(keys)):
+        k = keys[i]
+        order[fill[k]] = i
+        fill[k] += 1
+    return order, starts
 
 
 class BinnedTable:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-from numba import njit
 
 from sparkcep.core import columns
 from sparkcep.core.hashing import hash_rows
+from sparkcep.core.table import group_rows
 from sparkcep.query.planner import BROADCAST, POINT_TO_POINT, ROUND_ROBIN, ROUTE_KEY, Edge
 
 SLICE_ROWS = 16_384  # round-robin cuts batches into slices of at most this many rows
@@ -69,26 +69,9 @@ class RouteKey(Balancer):
         target = self.table[self.bins_of(batch)]
         if (target == target[0]).all():
             return [(int(target[0]), batch)]
-        order, bounds = group_by_target(target, self.instances)
+        order, bounds = group_rows(target, self.instances)
         return [(i, batch.take(pa.array(order[bounds[i]:bounds[i + 1]])))
                 for i in range(self.instances) if bounds[i + 1] > bounds[i]]
-
-
-@njit(nogil=True, cache=True)
-def group_by_target(target, n):
-    """Row indices grouped by target (a stable counting sort) and each group's bounds in them."""
-    bounds = np.zeros(n + 1, np.int64)
-    for t in target:
-        bounds[t + 1] += 1
-    for i in range(n):
-        bounds[i + 1] += bounds[i]
-    fill = bounds[:-1].copy()
-    order = np.empty(len(target), np.int64)
-    for r in range(len(target)):
-        t = target[r]
-        order[fill[t]] = r
-        fill[t] += 1
-    return order, bounds
 
 
 def balancer_for(edge: Edge, instances: int, bins: int) -> Balancer:
