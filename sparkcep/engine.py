@@ -48,7 +48,8 @@ class Engine:
         self.pool = None
         if workers:
             from sparkcep.runtime.workers import WorkerPool
-            self.pool = WorkerPool(workers, topology=topology, method=start_method, ring_bytes=ring_bytes)
+            kw = {} if ring_bytes is None else {"ring_bytes": ring_bytes}
+            self.pool = WorkerPool(workers, topology=topology, method=start_method, **kw)
 
     @classmethod
     def local(cls, workers: int = 0, topology=None, start_method: str | None = None,
@@ -59,8 +60,7 @@ class Engine:
         N instance managers pinned to cores of ``topology`` (default: this
         machine's NUMA nodes; a JSON file or sysfs-like directory also works).
         ``start_method``: ``fork`` / ``forkserver`` / ``spawn`` (default: fork
-        unless other threads run); ``ring_bytes``: capacity of each channel
-        (default: 16 MiB for those from the engine, 4 MiB between instance managers).
+        unless other threads run); ``ring_bytes``: capacity of each channel.
         """
         engine = cls(workers, topology=topology, start_method=start_method, ring_bytes=ring_bytes)
         # --- loopback endpoint for Spark workers and the CLI (sparkcep.control.endpoint) ---

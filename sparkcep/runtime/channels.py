@@ -55,7 +55,6 @@ _DATA = struct.Struct("<qqqii")        # epoch, frontier, arrival ns, port, body
 _PROGRESS = struct.Struct("<qqqq")     # epoch, frontier, watermark, arrival ns
 _SCHEMA = struct.Struct("<ii")         # port, body length
 DEFAULT_CAPACITY = 4 << 20
-SOURCE_CAPACITY = 16 << 20  # engine -> first sub-queries: whole client batches of raw records
 
 
 class Data:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from sparkcep.errors import EngineError
 from sparkcep.query.query import Query
 from sparkcep.runtime.balancers import Router
-from sparkcep.runtime.channels import DEFAULT_CAPACITY, SOURCE_CAPACITY, Doorbell, RingReader, RingWriter, create_ring, unlink_quietly
+from sparkcep.runtime.channels import DEFAULT_CAPACITY, Doorbell, RingReader, RingWriter, create_ring, unlink_quietly
 from sparkcep.runtime.deployment import Deployment, Sink
 from sparkcep.runtime.metrics import late_counts
 from sparkcep.runtime.instance_manager import DeploySpec, IMConfig, serve
@@ -71,12 +71,11 @@ def start_method() -> str:
 class WorkerPool:
     """N instance managers and the engine-side plumbing to them."""
 
-    def __init__(self, workers: int, topology=None, method: str | None = None, ring_bytes: int | None = None):
-        """``ring_bytes``: capacity of every channel (default: 16 MiB from the engine, 4 MiB otherwise)."""
+    def __init__(self, workers: int, topology=None, method: str | None = None,
+                 ring_bytes: int = DEFAULT_CAPACITY):
         self.topology = Topology.load(topology)
         self.slots = im_slots(self.topology, workers)
-        self.ring_bytes = ring_bytes or DEFAULT_CAPACITY
-        self.source_ring_bytes = ring_bytes or SOURCE_CAPACITY
+        self.ring_bytes = ring_bytes
         self.method = method or start_method()
         self.dir = tempfile.mkdtemp(prefix=f"sparkcep-{os.getpid()}-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
         weakref.finalize(self, shutil.rmtree, self.dir, True)  # even if close() is never called
@@ -350,7 +349,7 @@ class WorkerDeployment(Deployment):
         tag = "".join(ch if ch.isalnum() else "_" for ch in self.id)
         for n, (p, c) in enumerate(layout.channels()):
             path = os.path.join(pool.dir, f"{tag}-{n}")
-            create_ring(path, pool.source_ring_bytes if p == ENGINE else pool.ring_bytes)
+            create_ring(path, pool.ring_bytes)
             self.rings[(p, c)] = path
         bells = {w.slot.index: w.bell for w in pool.workers}
         try:
