@@ -7,7 +7,7 @@ import pytest
 import reference as ref
 import sparkcep as cep
 from cases import CASES, LEFT, RIGHT, sides
-from conftest import run_on
+from runtime_harness import run_on
 from harness import chunk, run, stamped
 from reference import S, assert_same_rows
 

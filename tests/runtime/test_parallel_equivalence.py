@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sparkcep as cep
-from conftest import run_on
+from runtime_harness import run_on
 from harness import run
 from reference import assert_same_rows
 from sparkcep.query.planner import plan

@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from chispa import assert_df_equality
-from conftest import spark_df
+from spark_harness import spark_df
 
 import sparkcep as cep
 

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 
-from conftest import wait_for
+from spark_harness import wait_for
 
 CHILD = r"""
 import sys

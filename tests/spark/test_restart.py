@@ -12,7 +12,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 from chispa import assert_df_equality
-from conftest import SPARK_DDL, connections, demo_query, spark_df, wait_for, write_files
+from spark_harness import SPARK_DDL, connections, demo_query, spark_df, wait_for, write_files
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType

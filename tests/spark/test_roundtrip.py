@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 from chispa import assert_df_equality
-from conftest import SPARK_DDL, connections, demo_query, reference, spark_df, write_files
+from spark_harness import SPARK_DDL, connections, demo_query, reference, spark_df, write_files
 
 PER_IP = ["window_start", "window_end", "ip", "n", "total", "first"]
 

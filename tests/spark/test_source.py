@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from chispa import assert_df_equality
-from conftest import connections, demo_query, spark_df, wait_for
+from spark_harness import connections, demo_query, spark_df, wait_for
 from pyspark.errors import AnalysisException
 
 COLS = ["ip", "ts", "bytes"]
