@@ -46,6 +46,7 @@ class Engine:
         self._lock = threading.RLock()
         self._metric_server = MetricServer()
         self.pool = None
+        self.endpoint = None  # the loopback endpoint, started by local()
         if workers:
             from sparkcep.runtime.workers import WorkerPool
             kw = {} if ring_bytes is None else {"ring_bytes": ring_bytes}
@@ -63,10 +64,9 @@ class Engine:
         unless other threads run); ``ring_bytes``: capacity of each channel.
         """
         engine = cls(workers, topology=topology, start_method=start_method, ring_bytes=ring_bytes)
-        # --- loopback endpoint for Spark workers and the CLI (sparkcep.control.endpoint) ---
+        # other local processes (Spark's Python workers, the CLI) reach it over loopback
         from sparkcep.control.endpoint import start_endpoint
         engine.endpoint = start_endpoint(engine)
-        # --- end of loopback endpoint ---
         return engine
 
     def __enter__(self) -> "Engine":
@@ -79,10 +79,8 @@ class Engine:
         if self._closed:
             return
         self._closed = True
-        # --- loopback endpoint ---
-        if getattr(self, "endpoint", None) is not None:
+        if self.endpoint is not None:
             self.endpoint.close()
-        # --- end of loopback endpoint ---
         if self.pool is not None:
             self.pool.close()
 
