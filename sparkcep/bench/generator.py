@@ -30,6 +30,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numba import njit
 
+from sparkcep.core.hashing import mix64
+
 RECORD_SCHEMA = pa.schema([("key", pa.timestamp("us")), ("value", pa.string())])
 #: the stream's schema in sparkcep's DDL
 RECORD_DDL = "key timestamp, value string"
@@ -59,13 +61,7 @@ def mix(seed: int, stream: int, index: np.ndarray) -> np.ndarray:
     """A uint64 pseudo-random value per index: splitmix64 of (seed, stream, index)."""
     with np.errstate(over="ignore"):
         x = index.astype(np.uint64) + np.uint64((seed * 0x9E3779B1 + stream * 0x85EBCA77) & 0xFFFFFFFFFFFFFFFF)
-        x = x * np.uint64(0x9E3779B97F4A7C15)
-        x ^= x >> np.uint64(30)
-        x *= np.uint64(0xBF58476D1CE4E5B9)
-        x ^= x >> np.uint64(27)
-        x *= np.uint64(0x94D049BB133111EB)
-        x ^= x >> np.uint64(31)
-    return x
+        return mix64(x * np.uint64(0x9E3779B97F4A7C15))
 
 
 def _letters(rng: np.random.Generator, n: int, lo: int, hi: int) -> pa.Array:

@@ -28,6 +28,15 @@ def _mix(h):
     return h
 
 
+@njit(nogil=True, cache=True)
+def mix64(x):
+    """splitmix64's finaliser over an array of uint64 (the generators' random numbers)."""
+    out = np.empty_like(x)
+    for i in range(len(x)):
+        out[i] = _mix(x[i])
+    return out
+
+
 @njit(nogil=True, cache=True, inline="always")
 def _word(data, s, e):
     """The bytes data[s:e] (at most 8) packed little-endian into a uint64."""
