@@ -15,7 +15,8 @@ from numba import njit
 from sparkcep.core import columns
 from sparkcep.core.hashing import gather_binned, hash_words
 from sparkcep.core.strings import compare_bytes
-from sparkcep.core.table import ACC, AUX, COUNTER, KLEN, KOFF, TS, WSTART, BinnedTable, find_or_insert, group_rows, room
+from sparkcep.core.table import (ACC, AUX, COUNTER, KLEN, KOFF, TS, WSTART, BinnedTable, find_or_insert, group_rows,
+                                  lookup, room, slot_hash)
 from sparkcep.query.aggregates import AggFunc
 from sparkcep.query.windows import TimeWindow, TupleWindow
 from sparkcep.schema import TYPES, Schema
@@ -102,36 +103,67 @@ def _put_string(acc_i, arena, meta, b, e, si, sdata, s0, n):
 
 
 @njit(nogil=True, cache=True)
-def accumulate_time(pos, order, K, ts, wm, seq, size, adv, lateness, rowstr, P, V, T, late):
-    """Add rows ``order[pos:]`` to their time windows; returns where it stopped for room (n: done)."""
+def accumulate_time(order, K, ts, wm, seq, size, adv, lateness, P, V, T, late, miss_r, miss_s):
+    """Pass 1: add rows to their time windows that already have an entry; returns how many misses.
+
+    (row, window start) pairs whose entry does not exist yet go, in order, to
+    ``miss_r``/``miss_s`` for :func:`insert_time`. This pass only reads the
+    table's index: with no insert path in the loop, LLVM keeps the probe in
+    registers (about 10x faster). An entry's rows are all hits or all misses
+    within a batch, so each entry still sees its rows in sequence order.
+    """
     khash, kw0, kw1, koff, kdata, kbin = K
     ops, cols, sis, sfs = P
     vals_i, vals_f, valid, soff, slen, sdata = V
     slots, ent, entf, live, arena, meta = T
-    n = len(order)
-    nwin = (size + adv - 1) // adv
-    for p in range(pos, n):
+    m = 0
+    for p in range(len(order)):
         r = order[p]
         b = kbin[r]
-        if not room(slots, ent, arena, meta, b, nwin, nwin * (koff[r + 1] - koff[r] + rowstr[r])):
-            return p
         t = ts[r]
         limit = wm[r] - lateness
         s = (t // adv) * adv
         missed = False
         while s > t - size:
             if s + size > limit:
-                e = find_or_insert(slots, ent, live, arena, meta, b, khash[r], kw0[r], kw1[r], s,
-                                   kdata, koff[r], koff[r + 1])
-                if seq[r] > ent[b, e, AUX]:
-                    ent[b, e, AUX] = seq[r]
-                _update(ent, entf, arena, meta, b, e, r, ts, seq, ops, cols, sis, sfs,
-                        vals_i, vals_f, valid, soff, slen, sdata)
+                ks = koff[r]
+                e = lookup(slots, ent, arena, b, slot_hash(khash[r], s), s, kw0[r], kw1[r], kdata, ks,
+                           koff[r + 1] - ks)
+                if e >= 0:
+                    if seq[r] > ent[b, e, AUX]:
+                        ent[b, e, AUX] = seq[r]
+                    _update(ent, entf, arena, meta, b, e, r, ts, seq, ops, cols, sis, sfs,
+                            vals_i, vals_f, valid, soff, slen, sdata)
+                else:
+                    miss_r[m] = r
+                    miss_s[m] = s
+                    m += 1
             else:
                 missed = True
             s -= adv
         late[r] = missed
-    return n
+    return m
+
+
+@njit(nogil=True, cache=True)
+def insert_time(pos, m, miss_r, miss_s, K, ts, seq, rowstr, P, V, T):
+    """Pass 2: the deferred (row, window start) pairs, inserting entries; returns where it stopped for room."""
+    khash, kw0, kw1, koff, kdata, kbin = K
+    ops, cols, sis, sfs = P
+    vals_i, vals_f, valid, soff, slen, sdata = V
+    slots, ent, entf, live, arena, meta = T
+    for q in range(pos, m):
+        r, s = miss_r[q], miss_s[q]
+        b = kbin[r]
+        if not room(slots, ent, arena, meta, b, 1, koff[r + 1] - koff[r] + rowstr[r]):
+            return q
+        e = find_or_insert(slots, ent, live, arena, meta, b, khash[r], kw0[r], kw1[r], s,
+                           kdata, koff[r], koff[r + 1])
+        if seq[r] > ent[b, e, AUX]:
+            ent[b, e, AUX] = seq[r]
+        _update(ent, entf, arena, meta, b, e, r, ts, seq, ops, cols, sis, sfs,
+                vals_i, vals_f, valid, soff, slen, sdata)
+    return m
 
 
 @njit(nogil=True, cache=True)
@@ -341,10 +373,13 @@ class WindowAggregate:
                 self._grow_for(pos, n, K, rowstr)
             return out
         late = np.zeros(n, np.bool_)
-        while pos < n:
-            pos = accumulate_time(pos, order, K, ts, wm, seq, w.size_us, w.advance_us, w.lateness_us, rowstr,
-                                  P, V, self.table.kernel_state(), late)
-            self._grow_for(pos, n, K, rowstr)
+        nwin = (w.size_us + w.advance_us - 1) // w.advance_us
+        miss_r, miss_s = np.empty(n * nwin, np.int64), np.empty(n * nwin, np.int64)
+        m = accumulate_time(order, K, ts, wm, seq, w.size_us, w.advance_us, w.lateness_us, P, V,
+                            self.table.kernel_state(), late, miss_r, miss_s)
+        while pos < m:
+            pos = insert_time(pos, m, miss_r, miss_s, K, ts, seq, rowstr, P, V, self.table.kernel_state())
+            self._grow_for(pos, m, K, rowstr)
         self.late += int(late.sum())
         first = int(((ts.min() - w.size_us) // w.advance_us + 1) * w.advance_us)
         self.lowest_start = first if self.lowest_start is None else min(self.lowest_start, first)

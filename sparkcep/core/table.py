@@ -42,43 +42,51 @@ def slot_hash(h, wstart):
     return np.int64(x)
 
 
-@njit(nogil=True, cache=True)
-def find_or_insert(slots, ent, live, arena, meta, b, h, w0, w1, wstart, kdata, ks, ke):
-    """Entry of (key, wstart) in bin ``b``, inserted if absent; -1 when the bin is full.
+@njit(nogil=True, cache=True, inline="always")
+def lookup(slots, ent, arena, b, hw, wstart, w0, w1, kdata, ks, klen):
+    """Entry of (key, wstart) in bin ``b`` or -1: the hot path, reads only.
 
-    ``w0``/``w1`` are the key's first 16 bytes (see ``hashing.hash_words``).
+    Short-circuit tests and one exit keep the probe small enough for LLVM to
+    hold in registers; the insert path lives in its own (not inlined) function.
     """
-    S = slots.shape[1]
-    mask = S - 1
-    hw = slot_hash(h, wstart)
+    mask = slots.shape[1] - 1
     i = hw & mask
-    tomb = -1
-    klen = ke - ks
     found = -1
-    while found < 0:
-        e = slots[b, i, 1]
-        if e == EMPTY:
+    while True:
+        c = slots[b, i, 1]
+        if c == EMPTY:
             break
-        if e == TOMB:
-            if tomb < 0:
-                tomb = i
-        elif (slots[b, i, 0] == hw) & (ent[b, e, WSTART] == wstart) & (ent[b, e, KLEN] == klen) \
-                & (ent[b, e, K0] == w0) & (ent[b, e, K1] == w1):
-            found = e
-            o = ent[b, e, KOFF]
-            for k in range(16, klen):  # keys longer than 16 bytes: compare the rest
-                if arena[b, o + k] != kdata[ks + k]:
-                    found = -1
-                    break
+        if c >= 0 and slots[b, i, 0] == hw and ent[b, c, WSTART] == wstart and ent[b, c, KLEN] == klen \
+                and ent[b, c, K0] == w0 and ent[b, c, K1] == w1:
+            if klen <= 16 or same_tail(arena, b, ent[b, c, KOFF], kdata, ks, klen):
+                found = c
+                break
         i = (i + 1) & mask
-    if found >= 0:
-        return found
+    return found
+
+
+@njit(nogil=True, cache=True, inline="always")
+def same_tail(arena, b, o, kdata, ks, klen):
+    """Whether a stored key's bytes past the first 16 equal the probe key's."""
+    for k in range(16, klen):
+        if arena[b, o + k] != kdata[ks + k]:
+            return False
+    return True
+
+
+@njit(nogil=True, cache=True, inline="always")
+def insert(slots, ent, live, arena, meta, b, h, hw, w0, w1, wstart, kdata, ks, klen):
+    """Add (key, wstart), known absent, to bin ``b``; its entry, or -1 when the bin is full."""
     e = meta[b, N_ENTRIES]
     o = meta[b, ARENA_USED]
+    S = slots.shape[1]
     if e >= ent.shape[1] or o + klen > arena.shape[1] or (meta[b, N_LIVE] + meta[b, N_TOMB] + 1) * 2 > S:
         return -1
-    if tomb >= 0:
-        i = tomb
+    mask = S - 1
+    i = hw & mask
+    while slots[b, i, 1] >= 0:  # the first empty slot or tombstone
+        i = (i + 1) & mask
+    if slots[b, i, 1] == TOMB:
         meta[b, N_TOMB] -= 1
     slots[b, i, 0] = hw
     slots[b, i, 1] = e
@@ -98,6 +106,20 @@ def find_or_insert(slots, ent, live, arena, meta, b, h, w0, w1, wstart, kdata, k
     for k in range(ACC, ent.shape[2]):
         ent[b, e, k] = 0  # int 0 is float 0.0 too
     live[b, e] = True
+    return e
+
+
+@njit(nogil=True, cache=True, inline="always")
+def find_or_insert(slots, ent, live, arena, meta, b, h, w0, w1, wstart, kdata, ks, ke):
+    """Entry of (key, wstart) in bin ``b``, inserted if absent; -1 when the bin is full.
+
+    ``w0``/``w1`` are the key's first 16 bytes (see ``hashing.hash_words``).
+    """
+    hw = slot_hash(h, wstart)
+    klen = ke - ks
+    e = lookup(slots, ent, arena, b, hw, wstart, w0, w1, kdata, ks, klen)
+    if e < 0:
+        e = insert(slots, ent, live, arena, meta, b, h, hw, w0, w1, wstart, kdata, ks, klen)
     return e
 
 
