@@ -3,11 +3,10 @@
 Every array has the bin (route-key bucket) as its first dimension: each bin
 is a small open-addressing hash table of entries keyed by (encoded key
 bytes, window start), with accumulator slots, key bytes and string values in
-the bin's own arena. A batch is processed bin after bin (rows radix-ordered
-by bin, keeping sequence order within a bin), so the table being probed is
-small enough to stay in cache; and a bin's state is one slice of each array,
-so extracting and installing a bin — the interface migration and replication
-build on (DESIGN.md §5) — is a copy.
+the bin's own arena. A batch is processed bin after bin (sequence order kept
+within a bin), and a bin's state is one slice of each array, so extracting
+and installing a bin — the interface migration and replication build on
+(DESIGN.md §5) — is a copy.
 
 Kernels take the arrays as one tuple ``T`` (numba caches plain functions,
 not classes) and unpack it once, outside their loops: unpacking it per row
@@ -47,7 +46,9 @@ def lookup(slots, ent, arena, b, hw, wstart, w0, w1, kdata, ks, klen):
     """Entry of (key, wstart) in bin ``b`` or -1: the hot path, reads only.
 
     Short-circuit tests and one exit keep the probe small enough for LLVM to
-    hold in registers; the insert path lives in its own (not inlined) function.
+    hold in registers. A loop that may also insert runs ~10x slower even when
+    it never does, so hot loops call only this and defer misses (see
+    ``aggregate.accumulate_time``).
     """
     mask = slots.shape[1] - 1
     i = hw & mask
