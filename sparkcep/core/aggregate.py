@@ -15,8 +15,8 @@ from numba import njit
 from sparkcep.core import columns
 from sparkcep.core.hashing import gather_binned, hash_words
 from sparkcep.core.strings import compare_bytes
-from sparkcep.core.table import (ACC, AUX, COUNTER, KLEN, KOFF, TS, WSTART, BinnedTable, find_or_insert, group_rows,
-                                  lookup, room, slot_hash)
+from sparkcep.core.table import (ACC, ARENA_USED, AUX, COUNTER, WSTART, BinnedTable, find_or_insert, insert,
+                                  lookup, room, slot_hash, touch)
 from sparkcep.query.aggregates import AggFunc
 from sparkcep.query.windows import TimeWindow, TupleWindow
 from sparkcep.schema import TYPES, Schema
@@ -94,105 +94,135 @@ def _update(acc_i, acc_f, arena, meta, b, e, r, ts, seq, ops, cols, sis, sfs,
 
 @njit(nogil=True, cache=True, inline="always")
 def _put_string(acc_i, arena, meta, b, e, si, sdata, s0, n):
-    o = meta[b, 1]
+    o = meta[b, ARENA_USED]
     for k in range(n):
         arena[b, o + k] = sdata[s0 + k]
-    meta[b, 1] = o + n
+    meta[b, ARENA_USED] = o + n
     acc_i[b, e, si] = o
     acc_i[b, e, si + 1] = n
 
 
+TS_SLOT = ACC  # tuple windows: the int slot before the functions' holds the window's largest event time
+GROUP = 256  # tuples whose first probe is touched before any of them is processed
+
+
 @njit(nogil=True, cache=True)
-def accumulate_time(order, K, ts, wm, seq, size, adv, lateness, P, V, T, late, miss_r, miss_s):
-    """Pass 1: add rows to their time windows that already have an entry; returns how many misses.
+def accumulate_time(K, ts, wm, seq, size, adv, lateness, P, V, T, late, miss_r, miss_s):
+    """Pass 1: add rows to their time windows that already have an entry; returns (misses, touched).
 
     (row, window start) pairs whose entry does not exist yet go, in order, to
     ``miss_r``/``miss_s`` for :func:`insert_time`. This pass only reads the
     table's index: with no insert path in the loop, LLVM keeps the probe in
     registers (about 10x faster). An entry's rows are all hits or all misses
     within a batch, so each entry still sees its rows in sequence order.
+    Rows go in groups of ``GROUP``: first every row's first slot is touched
+    (independent loads, so the cache misses overlap), then the rows are
+    processed; ``touched`` is returned only so the compiler keeps the loads.
     """
     khash, kw0, kw1, koff, kdata, kbin = K
     ops, cols, sis, sfs = P
     vals_i, vals_f, valid, soff, slen, sdata = V
-    slots, ent, entf, live, arena, meta = T
+    ent, entf, arena, meta = T
     m = 0
-    for p in range(len(order)):
-        r = order[p]
-        b = kbin[r]
-        t = ts[r]
-        limit = wm[r] - lateness
-        s = (t // adv) * adv
-        missed = False
-        while s > t - size:
-            if s + size > limit:
-                ks = koff[r]
-                e = lookup(slots, ent, arena, b, slot_hash(khash[r], s), s, kw0[r], kw1[r], kdata, ks,
-                           koff[r + 1] - ks)
-                if e >= 0:
-                    if seq[r] > ent[b, e, AUX]:
-                        ent[b, e, AUX] = seq[r]
-                    _update(ent, entf, arena, meta, b, e, r, ts, seq, ops, cols, sis, sfs,
-                            vals_i, vals_f, valid, soff, slen, sdata)
+    touched = 0
+    n = len(ts)
+    first_s = np.empty(GROUP, np.int64)  # per row of the group: start of its last window, and its slot hash
+    first_h = np.empty(GROUP, np.int64)
+    lo = hi = 0  # [lo, hi): event times whose last window starts at lo (rows mostly come in time order)
+    for g in range(0, n, GROUP):
+        ge = min(n, g + GROUP)
+        for r in range(g, ge):
+            t = ts[r]
+            if t < lo or t >= hi:  # an integer division only when the time leaves the current step
+                lo = (t // adv) * adv
+                hi = lo + adv
+            hw = slot_hash(khash[r], lo)
+            first_s[r - g] = lo
+            first_h[r - g] = hw
+            touched += touch(ent, kbin[r], hw)
+        for r in range(g, ge):
+            b = kbin[r]
+            t = ts[r]
+            limit = wm[r] - lateness
+            s = first_s[r - g]
+            missed = False
+            while s > t - size:
+                if s + size > limit:
+                    ks = koff[r]
+                    hw = first_h[r - g] if s == first_s[r - g] else slot_hash(khash[r], s)
+                    e = lookup(ent, arena, b, hw, s, kw0[r], kw1[r], kdata, ks, koff[r + 1] - ks)
+                    if e >= 0:
+                        if seq[r] > ent[b, e, AUX]:
+                            ent[b, e, AUX] = seq[r]
+                        _update(ent, entf, arena, meta, b, e, r, ts, seq, ops, cols, sis, sfs,
+                                vals_i, vals_f, valid, soff, slen, sdata)
+                    else:
+                        miss_r[m] = r
+                        miss_s[m] = s
+                        m += 1
                 else:
-                    miss_r[m] = r
-                    miss_s[m] = s
-                    m += 1
-            else:
-                missed = True
-            s -= adv
-        late[r] = missed
-    return m
+                    missed = True
+                s -= adv
+            late[r] = missed
+    return m, touched
 
 
 @njit(nogil=True, cache=True)
 def insert_time(pos, m, miss_r, miss_s, K, ts, seq, rowstr, P, V, T):
-    """Pass 2: the deferred (row, window start) pairs, inserting entries; returns where it stopped for room."""
+    """Pass 2: the deferred (row, window start) pairs, inserting entries, touched ahead in groups
+    like pass 1; returns (where it stopped for room, touched)."""
     khash, kw0, kw1, koff, kdata, kbin = K
     ops, cols, sis, sfs = P
     vals_i, vals_f, valid, soff, slen, sdata = V
-    slots, ent, entf, live, arena, meta = T
-    for q in range(pos, m):
-        r, s = miss_r[q], miss_s[q]
-        b = kbin[r]
-        if not room(slots, ent, arena, meta, b, 1, koff[r + 1] - koff[r] + rowstr[r]):
-            return q
-        e = find_or_insert(slots, ent, live, arena, meta, b, khash[r], kw0[r], kw1[r], s,
-                           kdata, koff[r], koff[r + 1])
-        if seq[r] > ent[b, e, AUX]:
-            ent[b, e, AUX] = seq[r]
-        _update(ent, entf, arena, meta, b, e, r, ts, seq, ops, cols, sis, sfs,
-                vals_i, vals_f, valid, soff, slen, sdata)
-    return m
+    ent, entf, arena, meta = T
+    touched = 0
+    for g in range(pos, m, GROUP):
+        ge = min(m, g + GROUP)
+        for q in range(g, ge):
+            touched += touch(ent, kbin[miss_r[q]], slot_hash(khash[miss_r[q]], miss_s[q]))
+        for q in range(g, ge):
+            r, s = miss_r[q], miss_s[q]
+            b = kbin[r]
+            if not room(ent, arena, meta, b, 1, koff[r + 1] - koff[r] + rowstr[r]):
+                return q, touched
+            e = find_or_insert(ent, arena, meta, b, khash[r], kw0[r], kw1[r], s, kdata, koff[r], koff[r + 1])
+            if seq[r] > ent[b, e, AUX]:
+                ent[b, e, AUX] = seq[r]
+            _update(ent, entf, arena, meta, b, e, r, ts, seq, ops, cols, sis, sfs,
+                    vals_i, vals_f, valid, soff, slen, sdata)
+    return m, touched
 
 
 @njit(nogil=True, cache=True)
-def accumulate_tuples(pos, order, K, ts, wm, seq, size, adv, rowstr, P, V, T, ready_b, ready_e, ready_wm, nready):
-    """Add rows to their groups' tuple windows; full windows go to ``ready``. Returns the stop position."""
+def accumulate_tuples(pos, K, ts, wm, seq, size, adv, rowstr, P, V, T, ready_b, ready_e, ready_wm, nready):
+    """Add rows to their groups' tuple windows; full windows go to ``ready``. Returns the stop position.
+
+    A window's largest event time is kept in its int slot 0 (``TS_SLOT``).
+    """
     khash, kw0, kw1, koff, kdata, kbin = K
     ops, cols, sis, sfs = P
     vals_i, vals_f, valid, soff, slen, sdata = V
-    slots, ent, entf, live, arena, meta = T
-    n = len(order)
+    ent, entf, arena, meta = T
+    n = len(ts)
     nwin = (size + adv - 1) // adv + 1
-    for p in range(pos, n):
-        r = order[p]
+    for r in range(pos, n):
         b = kbin[r]
         ks, ke = koff[r], koff[r + 1]
-        if not room(slots, ent, arena, meta, b, nwin, nwin * (ke - ks + rowstr[r])):
-            return p
-        c = find_or_insert(slots, ent, live, arena, meta, b, khash[r], kw0[r], kw1[r], COUNTER,
-                           kdata, ks, ke)
+        if not room(ent, arena, meta, b, nwin, nwin * (ke - ks + rowstr[r])):
+            return r
+        c = find_or_insert(ent, arena, meta, b, khash[r], kw0[r], kw1[r], COUNTER, kdata, ks, ke)
         q = ent[b, c, AUX]
         ent[b, c, AUX] = q + 1
         k = q // adv
         while k >= 0 and k * adv + size > q:
             w = k * adv
-            fresh = meta[b, 0]
-            e = find_or_insert(slots, ent, live, arena, meta, b, khash[r], kw0[r], kw1[r], w,
-                               kdata, ks, ke)
-            if e == fresh or ts[r] > ent[b, e, TS]:
-                ent[b, e, TS] = ts[r]
+            hw = slot_hash(khash[r], w)
+            e = lookup(ent, arena, b, hw, w, kw0[r], kw1[r], kdata, ks, ke - ks)
+            if e < 0:
+                e = insert(ent, arena, meta, b, hw, kw0[r], kw1[r], w, kdata, ks, ke - ks)
+                ent[b, e, TS_SLOT] = ts[r]
+            elif ts[r] > ent[b, e, TS_SLOT]:
+                ent[b, e, TS_SLOT] = ts[r]
             if seq[r] > ent[b, e, AUX]:
                 ent[b, e, AUX] = seq[r]
             _update(ent, entf, arena, meta, b, e, r, ts, seq, ops, cols, sis, sfs,
@@ -208,13 +238,16 @@ def accumulate_tuples(pos, order, K, ts, wm, seq, size, adv, rowstr, P, V, T, re
 
 
 class Program:
-    """The opcodes, value columns and slots of an aggregate's functions."""
+    """The opcodes, value columns and slots of an aggregate's functions.
 
-    def __init__(self, funcs: dict[str, AggFunc], schema: Schema):
+    ``reserved``: int slots kept before the functions' own (a tuple window's largest event time).
+    """
+
+    def __init__(self, funcs: dict[str, AggFunc], schema: Schema, reserved: int = 0):
         self.funcs, self.schema = funcs, schema
         self.fields: list[str] = []  # value columns, in column-index order
         ops, cols, sis, sfs, str_slots = [], [], [], [], []
-        n_int = n_float = 0
+        n_int, n_float = reserved, 0
         for fn in funcs.values():
             t = schema.fields.get(fn.field) if fn.field else None
             op = _opcode(fn.kind, t)
@@ -328,12 +361,12 @@ class WindowAggregate:
                  out_schema: Schema, bins: int):
         self.window, self.by, self.schema, self.out_schema = window, by, schema, out_schema
         self.key_fields = {f: schema.fields[f] for f in by}
-        self.program = Program(funcs, schema)
+        self.tuple_window = isinstance(window, TupleWindow)
+        self.program = Program(funcs, schema, reserved=1 if self.tuple_window else 0)
         p = self.program
         self.table = BinnedTable(bins, p.n_int, p.n_float, p.str_slots)
         self.bins = bins
         self.late = 0
-        self.tuple_window = isinstance(window, TupleWindow)
         self.lowest_start = None  # no open window starts before this (time windows)
 
     def route(self, batch: pa.RecordBatch):
@@ -351,7 +384,6 @@ class WindowAggregate:
         if n == 0:
             return []
         K = self.route(batch)
-        order, _ = group_rows(K[5], self.bins)  # bin after bin, sequence order within a bin
         ts = batch.column(columns.TS).to_numpy()
         wm = batch.column(columns.WM).to_numpy()
         seq = batch.column(columns.SEQ).to_numpy()
@@ -364,7 +396,7 @@ class WindowAggregate:
             nready = np.zeros(1, np.int64)
             out = []
             while pos < n:
-                pos = accumulate_tuples(pos, order, K, ts, wm, seq, w.size, w.advance, rowstr, P, V,
+                pos = accumulate_tuples(pos, K, ts, wm, seq, w.size, w.advance, rowstr, P, V,
                                         self.table.kernel_state(), ready_b, ready_e, ready_wm, nready)
                 m = int(nready[0])
                 if m:  # emit before growing: a rebuild renumbers entries, the ready list would go stale
@@ -375,10 +407,10 @@ class WindowAggregate:
         late = np.zeros(n, np.bool_)
         nwin = (w.size_us + w.advance_us - 1) // w.advance_us
         miss_r, miss_s = np.empty(n * nwin, np.int64), np.empty(n * nwin, np.int64)
-        m = accumulate_time(order, K, ts, wm, seq, w.size_us, w.advance_us, w.lateness_us, P, V,
+        m, _ = accumulate_time(K, ts, wm, seq, w.size_us, w.advance_us, w.lateness_us, P, V,
                             self.table.kernel_state(), late, miss_r, miss_s)
         while pos < m:
-            pos = insert_time(pos, m, miss_r, miss_s, K, ts, seq, rowstr, P, V, self.table.kernel_state())
+            pos, _ = insert_time(pos, m, miss_r, miss_s, K, ts, seq, rowstr, P, V, self.table.kernel_state())
             self._grow_for(pos, m, K, rowstr)
         self.late += int(late.sum())
         first = int(((ts.min() - w.size_us) // w.advance_us + 1) * w.advance_us)
@@ -415,14 +447,14 @@ class WindowAggregate:
         if self.tuple_window:
             ends = starts + self.window.size
             cols = [pa.array(starts, pa.int64()), pa.array(ends, pa.int64())]
-            ts = ent[:, TS]
+            ts = ent[:, TS_SLOT]
         else:
             ends = starts + self.window.size_us
             cols = [pa.array(starts, pa.timestamp("us")), pa.array(ends, pa.timestamp("us"))]
             ts = ends - 1
             wm = ts
         if self.by:
-            cols += columns.decode_keys(t.arena, b, ent[:, KOFF], ent[:, KLEN], self.key_fields)
+            cols += columns.decode_keys(t.arena, b, *t.key_spans(ent), self.key_fields)
         cols += self.program.results(t, b, e)
         cols += [pa.array(ent[:, AUX], pa.int64()), pa.array(ts, pa.int64()), pa.array(wm, pa.int64())]
         out = pa.RecordBatch.from_arrays(cols, names=self.out_schema.names + list(columns.HIDDEN))

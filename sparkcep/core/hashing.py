@@ -46,32 +46,35 @@ def _word(data, s, e):
     return w
 
 
-@njit(nogil=True, cache=True)
-def hash_words(offsets, data):
-    """(hash, first 8 bytes, next 8 bytes) of each encoded key.
+@njit(nogil=True, cache=True, inline="always")
+def hash_key(data, s, e):
+    """(hash, first 8 bytes, next 8 bytes) of the key ``data[s:e]``.
 
     The hash mixes the key 8 bytes at a time, with its length (so keys that
     differ only in trailing zero bytes differ). The two words let tables
     compare keys of up to 16 bytes without touching their key arena. Every
     place that needs a key's hash or bin uses this one function.
     """
+    a = _word(data, s, min(e, s + 8))
+    c = _word(data, min(e, s + 8), min(e, s + 16))
+    x = _mix(a ^ (np.uint64(e - s) * SEED))
+    x = _mix(x ^ c)
+    k = s + 16
+    while k < e:
+        x = _mix(x ^ _word(data, k, min(e, k + 8)))
+        k += 8
+    return x, np.int64(a), np.int64(c)
+
+
+@njit(nogil=True, cache=True)
+def hash_words(offsets, data):
+    """:func:`hash_key` of each encoded key: (hashes, first words, second words)."""
     n = len(offsets) - 1
     h = np.empty(n, np.uint64)
     w0 = np.empty(n, np.int64)
     w1 = np.empty(n, np.int64)
     for i in range(n):
-        s, e = np.int64(offsets[i]), np.int64(offsets[i + 1])
-        a = _word(data, s, min(e, s + 8))
-        c = _word(data, min(e, s + 8), min(e, s + 16))
-        x = _mix(a ^ (np.uint64(e - s) * SEED))
-        x = _mix(x ^ c)
-        k = s + 16
-        while k < e:
-            x = _mix(x ^ _word(data, k, min(e, k + 8)))
-            k += 8
-        h[i] = x
-        w0[i] = np.int64(a)
-        w1[i] = np.int64(c)
+        h[i], w0[i], w1[i] = hash_key(data, np.int64(offsets[i]), np.int64(offsets[i + 1]))
     return h, w0, w1
 
 

@@ -1,19 +1,25 @@
 """The keyed state of windowed operators, kept per bin.
 
 Every array has the bin (route-key bucket) as its first dimension: each bin
-is a small open-addressing hash table of entries keyed by (encoded key
-bytes, window start), with accumulator slots, key bytes and string values in
-the bin's own arena. A batch is processed bin after bin (sequence order kept
-within a bin), and a bin's state is one slice of each array, so extracting
-and installing a bin — the interface migration and replication build on
-(DESIGN.md §5) — is a copy.
+is an open-addressing hash table whose slots *are* the entries, keyed by
+(encoded key bytes, window start), with accumulator columns after the key;
+key bytes and string values live in the bin's own arena. A bin's state is
+one slice of each array, so extracting and installing a bin — the interface
+migration and replication build on (DESIGN.md §5) — is a copy.
+
+Why entries sit in the slots: on this hardware a random DRAM access costs
+~140 ns and the HiBench-fixwindow state (100K keys) does not fit in cache,
+so the window aggregate is bound by how many cache lines a tuple touches
+and how many of those misses overlap. One line per tuple (an entry row of
+64 bytes for count + min: 5 key columns, 3 accumulator slots), touched
+ahead of use by :func:`touch` in groups, is what makes it fast.
 
 Kernels take the arrays as one tuple ``T`` (numba caches plain functions,
 not classes) and unpack it once, outside their loops: unpacking it per row
 costs tens of ns in reference counting. The per-row helpers are inlined and
-take the arrays they touch. :class:`BinnedTable` owns the arrays and resizes
-them. All bins share one capacity: keys hash uniformly over bins, so they
-fill evenly.
+take the arrays they touch. :class:`BinnedTable` owns the arrays and
+rebuilds them. All bins share one capacity: keys hash uniformly over bins,
+so they fill evenly.
 """
 
 from __future__ import annotations
@@ -21,19 +27,25 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-EMPTY, TOMB = -1, -2
+from sparkcep.core.hashing import hash_key
+
+EMPTY, TOMB = -1, -2  # KEY column of a free slot and of a deleted entry
 COUNTER = np.iinfo(np.int64).min  # window start of a per-group tuple counter entry
-N_ENTRIES, ARENA_USED, N_LIVE, N_TOMB = 0, 1, 2, 3  # meta columns, per bin
-WSTART, KOFF, KLEN, AUX, TS, HASH, K0, K1 = range(8)  # entry columns, then the accumulators
-ACC = 8  # first accumulator column: int slots, then float slots (read through a float64 view)
-# AUX: counters: tuples seen; windows: max sequence number. TS: windows: max event time.
+N_LIVE, N_TOMB, ARENA_USED = range(3)  # meta columns, per bin
+K0, K1, WSTART, KEY, AUX = range(5)  # entry columns, then the accumulators
+ACC = 5  # first accumulator column: int slots, then float slots (read through a float64 view)
 # K0, K1: the key's first 16 bytes, so short keys compare without reading the arena.
+# KEY: the key's arena offset << KEY_BITS | its length (negative: EMPTY or TOMB).
+# AUX: counters: tuples seen; windows: the largest sequence number added.
+KEY_BITS = 24
+KEY_LEN = (1 << KEY_BITS) - 1
+MAX_LOAD = 0.75  # live entries + tombstones per slot before a bin must be rebuilt
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 @njit(nogil=True, cache=True, inline="always")
 def slot_hash(h, wstart):
-    """The hash that places (key, window start) in a bin's slots."""
+    """The hash that places (key, window start) in a bin."""
     x = h ^ (np.uint64(wstart) * GOLDEN)
     x ^= x >> np.uint64(29)
     x *= np.uint64(0xBF58476D1CE4E5B9)
@@ -42,7 +54,17 @@ def slot_hash(h, wstart):
 
 
 @njit(nogil=True, cache=True, inline="always")
-def lookup(slots, ent, arena, b, hw, wstart, w0, w1, kdata, ks, klen):
+def touch(ent, b, hw):
+    """Read the first slot (key, window start) probes, so its cache line is on its way.
+
+    Kernels call this for a group of tuples before processing them: the loads
+    are independent, so their misses overlap instead of queueing one by one.
+    """
+    return ent[b, hw & (ent.shape[1] - 1), KEY]
+
+
+@njit(nogil=True, cache=True, inline="always")
+def lookup(ent, arena, b, hw, wstart, w0, w1, kdata, ks, klen):
     """Entry of (key, wstart) in bin ``b`` or -1: the hot path, reads only.
 
     Short-circuit tests and one exit keep the probe small enough for LLVM to
@@ -50,17 +72,17 @@ def lookup(slots, ent, arena, b, hw, wstart, w0, w1, kdata, ks, klen):
     it never does, so hot loops call only this and defer misses (see
     ``aggregate.accumulate_time``).
     """
-    mask = slots.shape[1] - 1
+    mask = ent.shape[1] - 1
     i = hw & mask
     found = -1
     while True:
-        c = slots[b, i, 1]
-        if c == EMPTY:
+        k = ent[b, i, KEY]
+        if k == EMPTY:
             break
-        if c >= 0 and slots[b, i, 0] == hw and ent[b, c, WSTART] == wstart and ent[b, c, KLEN] == klen \
-                and ent[b, c, K0] == w0 and ent[b, c, K1] == w1:
-            if klen <= 16 or same_tail(arena, b, ent[b, c, KOFF], kdata, ks, klen):
-                found = c
+        if k >= 0 and ent[b, i, K0] == w0 and ent[b, i, K1] == w1 and ent[b, i, WSTART] == wstart \
+                and (k & KEY_LEN) == klen:
+            if klen <= 16 or same_tail(arena, b, k >> KEY_BITS, kdata, ks, klen):
+                found = i
                 break
         i = (i + 1) & mask
     return found
@@ -76,74 +98,110 @@ def same_tail(arena, b, o, kdata, ks, klen):
 
 
 @njit(nogil=True, cache=True, inline="always")
-def insert(slots, ent, live, arena, meta, b, h, hw, w0, w1, wstart, kdata, ks, klen):
-    """Add (key, wstart), known absent, to bin ``b``; its entry, or -1 when the bin is full."""
-    e = meta[b, N_ENTRIES]
-    o = meta[b, ARENA_USED]
-    S = slots.shape[1]
-    if e >= ent.shape[1] or o + klen > arena.shape[1] or (meta[b, N_LIVE] + meta[b, N_TOMB] + 1) * 2 > S:
-        return -1
-    mask = S - 1
-    i = hw & mask
-    while slots[b, i, 1] >= 0:  # the first empty slot or tombstone
-        i = (i + 1) & mask
-    if slots[b, i, 1] == TOMB:
-        meta[b, N_TOMB] -= 1
-    slots[b, i, 0] = hw
-    slots[b, i, 1] = e
-    for k in range(klen):
-        arena[b, o + k] = kdata[ks + k]
-    meta[b, N_ENTRIES] = e + 1
-    meta[b, ARENA_USED] = o + klen
-    meta[b, N_LIVE] += 1
-    ent[b, e, WSTART] = wstart
-    ent[b, e, KOFF] = o
-    ent[b, e, KLEN] = klen
-    ent[b, e, AUX] = 0
-    ent[b, e, TS] = 0
-    ent[b, e, HASH] = np.int64(h)
-    ent[b, e, K0] = w0
-    ent[b, e, K1] = w1
-    for k in range(ACC, ent.shape[2]):
-        ent[b, e, k] = 0  # int 0 is float 0.0 too
-    live[b, e] = True
-    return e
+def room(ent, arena, meta, b, entries, nbytes):
+    """Whether bin ``b`` can take ``entries`` more entries and ``nbytes`` more arena bytes."""
+    return (meta[b, N_LIVE] + meta[b, N_TOMB] + entries <= MAX_LOAD * ent.shape[1]
+            and meta[b, ARENA_USED] + nbytes <= arena.shape[1])
 
 
 @njit(nogil=True, cache=True, inline="always")
-def find_or_insert(slots, ent, live, arena, meta, b, h, w0, w1, wstart, kdata, ks, ke):
+def insert(ent, arena, meta, b, hw, w0, w1, wstart, kdata, ks, klen):
+    """Add (key, wstart), known absent, to bin ``b``; its entry, or -1 when the bin is full."""
+    if not room(ent, arena, meta, b, 1, klen):
+        return -1
+    mask = ent.shape[1] - 1
+    i = hw & mask
+    while ent[b, i, KEY] >= 0:  # the first free slot or tombstone
+        i = (i + 1) & mask
+    if ent[b, i, KEY] == TOMB:
+        meta[b, N_TOMB] -= 1
+    o = meta[b, ARENA_USED]
+    for k in range(klen):
+        arena[b, o + k] = kdata[ks + k]
+    meta[b, ARENA_USED] = o + klen
+    meta[b, N_LIVE] += 1
+    ent[b, i, K0] = w0
+    ent[b, i, K1] = w1
+    ent[b, i, WSTART] = wstart
+    ent[b, i, KEY] = (o << KEY_BITS) | klen
+    for k in range(AUX, ent.shape[2]):
+        ent[b, i, k] = 0  # int 0 is float 0.0 too
+    return i
+
+
+@njit(nogil=True, cache=True, inline="always")
+def find_or_insert(ent, arena, meta, b, h, w0, w1, wstart, kdata, ks, ke):
     """Entry of (key, wstart) in bin ``b``, inserted if absent; -1 when the bin is full.
 
-    ``w0``/``w1`` are the key's first 16 bytes (see ``hashing.hash_words``).
+    ``h``, ``w0``, ``w1``: the key's :func:`~sparkcep.core.hashing.hash_key`.
     """
     hw = slot_hash(h, wstart)
     klen = ke - ks
-    e = lookup(slots, ent, arena, b, hw, wstart, w0, w1, kdata, ks, klen)
+    e = lookup(ent, arena, b, hw, wstart, w0, w1, kdata, ks, klen)
     if e < 0:
-        e = insert(slots, ent, live, arena, meta, b, h, hw, w0, w1, wstart, kdata, ks, klen)
+        e = insert(ent, arena, meta, b, hw, w0, w1, wstart, kdata, ks, klen)
     return e
-
-
-@njit(nogil=True, cache=True, inline="always")
-def room(slots, ent, arena, meta, b, entries, nbytes):
-    """Whether bin ``b`` can take ``entries`` more entries and ``nbytes`` more arena bytes."""
-    return (meta[b, N_ENTRIES] + entries <= ent.shape[1] and meta[b, ARENA_USED] + nbytes <= arena.shape[1]
-            and (meta[b, N_LIVE] + meta[b, N_TOMB] + entries) * 2 <= slots.shape[1])
 
 
 @njit(nogil=True, cache=True)
 def delete_entries(T, bins, entries):
-    slots, ent, live, arena, meta = T
-    mask = slots.shape[1] - 1
+    """Delete entries, then free the tombstones no probe needs any more, bin by bin."""
+    ent, arena, meta = T
     for j in range(len(entries)):
         b, e = bins[j], entries[j]
-        i = slot_hash(np.uint64(ent[b, e, HASH]), ent[b, e, WSTART]) & mask
-        while slots[b, i, 1] != e:
-            i = (i + 1) & mask
-        slots[b, i, 1] = TOMB
-        live[b, e] = False
+        ent[b, e, KEY] = TOMB
         meta[b, N_LIVE] -= 1
         meta[b, N_TOMB] += 1
+    done = np.zeros(meta.shape[0], np.bool_)
+    for j in range(len(bins)):
+        if not done[bins[j]]:
+            done[bins[j]] = True
+            free_tombstones(ent, meta, bins[j])
+
+
+@njit(nogil=True, cache=True, inline="always")
+def free_tombstones(ent, meta, b):
+    """Turn every tombstone followed by a free slot into a free slot.
+
+    A probe stops at the first free slot, so such a tombstone can no longer
+    be passed over. Walking backwards from a free slot handles whole runs in
+    one sweep (after a window fires, most of a bin).
+    """
+    S = ent.shape[1]
+    mask = S - 1
+    z = 0
+    while ent[b, z, KEY] != EMPTY:  # one exists: the load stays below MAX_LOAD
+        z += 1
+    for k in range(1, S):
+        i = (z - k) & mask
+        if ent[b, i, KEY] == TOMB and ent[b, (i + 1) & mask, KEY] == EMPTY:
+            ent[b, i, KEY] = EMPTY
+            meta[b, N_TOMB] -= 1
+
+
+@njit(nogil=True, cache=True)
+def compact_arena(T, arena, str_slots):
+    """Copy the bytes live entries use into ``arena`` (same bins, maybe longer), updating their offsets."""
+    ent, old, meta = T
+    for b in range(ent.shape[0]):
+        o = 0
+        for e in range(ent.shape[1]):
+            k = ent[b, e, KEY]
+            if k < 0:
+                continue
+            ks, n = k >> KEY_BITS, k & KEY_LEN
+            for j in range(n):
+                arena[b, o + j] = old[b, ks + j]
+            ent[b, e, KEY] = (o << KEY_BITS) | n
+            o += n
+            for q in range(len(str_slots)):
+                c = str_slots[q]
+                so, n = ent[b, e, c], ent[b, e, c + 1]
+                for j in range(n):
+                    arena[b, o + j] = old[b, so + j]
+                ent[b, e, c] = o
+                o += n
+        meta[b, ARENA_USED] = o
 
 
 @njit(nogil=True, cache=True)
@@ -152,26 +210,26 @@ def copy_bin(S, sb, T, tb, str_slots):
 
     ``str_slots``: entry columns holding an arena offset of a string value (length in the next).
     """
-    s_slots, s_ent, s_live, s_arena, s_meta = S
-    slots, ent, live, arena, meta = T
-    for s in range(s_meta[sb, N_ENTRIES]):
-        if not s_live[sb, s]:
+    s_ent, s_arena, s_meta = S
+    ent, arena, meta = T
+    src = s_arena[sb]
+    for s in range(s_ent.shape[1]):
+        k = s_ent[sb, s, KEY]
+        if k < 0:
             continue
-        ks = s_ent[sb, s, KOFF]
-        e = find_or_insert(slots, ent, live, arena, meta, tb, np.uint64(s_ent[sb, s, HASH]),
-                           s_ent[sb, s, K0], s_ent[sb, s, K1], s_ent[sb, s, WSTART], s_arena[sb], ks,
-                           ks + s_ent[sb, s, KLEN])
-        ent[tb, e, AUX] = s_ent[sb, s, AUX]
-        ent[tb, e, TS] = s_ent[sb, s, TS]
-        for k in range(ACC, ent.shape[2]):
-            ent[tb, e, k] = s_ent[sb, s, k]
+        ks = k >> KEY_BITS
+        ke = ks + (k & KEY_LEN)
+        h, w0, w1 = hash_key(src, ks, ke)
+        e = find_or_insert(ent, arena, meta, tb, h, w0, w1, s_ent[sb, s, WSTART], src, ks, ke)
+        for c in range(AUX, ent.shape[2]):
+            ent[tb, e, c] = s_ent[sb, s, c]
         for q in range(len(str_slots)):
             c = str_slots[q]
             n = s_ent[sb, s, c + 1]
             o = meta[tb, ARENA_USED]
             so = s_ent[sb, s, c]
-            for k in range(n):
-                arena[tb, o + k] = s_arena[sb, so + k]
+            for j in range(n):
+                arena[tb, o + j] = src[so + j]
             ent[tb, e, c] = o
             meta[tb, ARENA_USED] = o + n
 
@@ -179,14 +237,15 @@ def copy_bin(S, sb, T, tb, str_slots):
 @njit(nogil=True, cache=True)
 def live_bytes(T, str_slots):
     """Per bin: (live entries, arena bytes the live entries use)."""
-    slots, ent, live, arena, meta = T
+    ent, arena, meta = T
     B = meta.shape[0]
     out = np.zeros((B, 2), np.int64)
     for b in range(B):
-        for e in range(meta[b, N_ENTRIES]):
-            if live[b, e]:
+        for e in range(ent.shape[1]):
+            k = ent[b, e, KEY]
+            if k >= 0:
                 out[b, 0] += 1
-                out[b, 1] += ent[b, e, KLEN]
+                out[b, 1] += k & KEY_LEN
                 for q in range(len(str_slots)):
                     out[b, 1] += ent[b, e, str_slots[q] + 1]
     return out
@@ -194,11 +253,11 @@ def live_bytes(T, str_slots):
 
 @njit(nogil=True, cache=True)
 def select(T, max_wstart, want_bin, counters):
-    """(bins, entries) of live window entries with start <= ``max_wstart``, bin-major, creation order.
+    """(bins, entries) of live window entries with start <= ``max_wstart``, bin-major.
 
     ``want_bin`` >= 0 limits to one bin; ``counters`` includes tuple counters.
     """
-    slots, ent, live, arena, meta = T
+    ent, arena, meta = T
     n = 0
     for b in range(meta.shape[0]):
         n += meta[b, N_LIVE]
@@ -208,8 +267,8 @@ def select(T, max_wstart, want_bin, counters):
     for b in range(meta.shape[0]):
         if want_bin >= 0 and b != want_bin:
             continue
-        for e in range(meta[b, N_ENTRIES]):
-            if not live[b, e]:
+        for e in range(ent.shape[1]):
+            if ent[b, e, KEY] < 0:
                 continue
             w = ent[b, e, WSTART]
             if (w == COUNTER and not counters) or (w != COUNTER and w > max_wstart):
@@ -237,6 +296,14 @@ def group_rows(keys, n_keys):
     return order, starts
 
 
+def _aligned_rows(bins: int, slots: int, width: int) -> np.ndarray:
+    """Zeroed int64 array (bins, slots, width) starting on a 64-byte boundary (one line per 8-column row)."""
+    n = bins * slots * width
+    buf = np.zeros(n + 8, np.int64)
+    skip = (-buf.ctypes.data % 64) // 8
+    return buf[skip:skip + n].reshape(bins, slots, width)
+
+
 class BinnedTable:
     """Entries keyed by (key bytes, window start) in ``bins`` bins, with accumulator slots.
 
@@ -247,33 +314,29 @@ class BinnedTable:
     copies move the bytes too.
     """
 
-    def __init__(self, bins: int, n_int: int, n_float: int, str_slots=(), entries: int = 16, arena_bytes: int = 256):
+    def __init__(self, bins: int, n_int: int, n_float: int, str_slots=(), entries: int = 8, arena_bytes: int = 256):
         self.n_bins, self.n_int, self.n_float = bins, n_int, n_float
         self.str_slots = np.asarray(str_slots, np.int64)
-        E = 1 << max(3, int(entries - 1).bit_length())
-        slots = np.zeros((bins, 2 * E, 2), np.int64)   # (hash of key and window start, entry)
-        slots[:, :, 1] = EMPTY
-        self.arrays = (
-            slots,
-            np.zeros((bins, E, ACC + n_int + n_float), np.int64),  # entries
-            np.zeros((bins, E), np.bool_),                # entry is live
-            np.zeros((bins, max(64, int(arena_bytes))), np.uint8),  # key bytes and string values
-            np.zeros((bins, 4), np.int64),                # meta per bin
-        )
+        slots = 1 << max(4, int(2 * entries - 1).bit_length())  # load <= 1/2 when built
+        ent = _aligned_rows(bins, slots, ACC + n_int + n_float)
+        ent[:, :, KEY] = EMPTY
+        self.arrays = (ent,
+                       np.zeros((bins, max(64, int(arena_bytes))), np.uint8),  # key bytes and string values
+                       np.zeros((bins, 3), np.int64))                          # meta per bin
 
     @property
     def ent(self) -> np.ndarray:
-        return self.arrays[1]
+        return self.arrays[0]
 
     @property
     def entf(self) -> np.ndarray:
         """The entry rows seen as float64 (for the float accumulator slots)."""
-        return self.arrays[1].view(np.float64)
+        return self.arrays[0].view(np.float64)
 
     def kernel_state(self) -> tuple:
-        """(slots, entries, entries as float64, live, arena, meta): what the accumulate kernels take."""
-        slots, ent, live, arena, meta = self.arrays
-        return slots, ent, ent.view(np.float64), live, arena, meta
+        """(entries, entries as float64, arena, meta): what the accumulate kernels take."""
+        ent, arena, meta = self.arrays
+        return ent, ent.view(np.float64), arena, meta
 
     @property
     def acc_i(self) -> np.ndarray:
@@ -285,11 +348,11 @@ class BinnedTable:
 
     @property
     def arena(self) -> np.ndarray:
-        return self.arrays[3]
+        return self.arrays[1]
 
     @property
     def meta(self) -> np.ndarray:
-        return self.arrays[4]
+        return self.arrays[2]
 
     @property
     def n_live(self) -> int:
@@ -299,14 +362,26 @@ class BinnedTable:
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.arrays)
 
-    def grow(self, entries: int = 0, arena_bytes: int = 0) -> None:
-        """Rebuild with room for ``entries`` more entries and ``arena_bytes`` more bytes in every bin.
+    @staticmethod
+    def key_spans(ent_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(arena offsets, lengths) of the keys of some entry rows."""
+        k = ent_rows[:, KEY]
+        return k >> KEY_BITS, k & KEY_LEN
 
-        Dead entries and tombstones are dropped on the way.
+    def grow(self, entries: int = 0, arena_bytes: int = 0) -> None:
+        """Make room for ``entries`` more entries and ``arena_bytes`` more bytes in every bin.
+
+        Rebuilds (rehashing) when the slots are too few; otherwise only
+        compacts the arenas, dropping the bytes of deleted entries.
         """
         live = live_bytes(self.arrays, self.str_slots + ACC)
-        fresh = BinnedTable(self.n_bins, self.n_int, self.n_float, self.str_slots,
-                            2 * int(live[:, 0].max()) + entries, 2 * int(live[:, 1].max()) + arena_bytes)
+        want = int(live[:, 0].max()) + entries
+        arena = np.zeros((self.n_bins, max(64, 2 * int(live[:, 1].max()) + arena_bytes)), np.uint8)
+        if want * 2 <= self.ent.shape[1] and int(self.meta[:, N_TOMB].max()) * 4 <= self.ent.shape[1]:
+            compact_arena(self.arrays, arena, self.str_slots + ACC)
+            self.arrays = (self.arrays[0], arena, self.arrays[2])
+            return
+        fresh = BinnedTable(self.n_bins, self.n_int, self.n_float, self.str_slots, want, arena.shape[1])
         for b in range(self.n_bins):
             copy_bin(self.arrays, b, fresh.arrays, b, self.str_slots + ACC)
         self.arrays = fresh.arrays
@@ -321,7 +396,7 @@ class BinnedTable:
     def extract(self, bin: int) -> "BinnedTable":
         """Remove and return bin ``bin``'s state (windows and tuple counters) as a one-bin table."""
         live = live_bytes(self.arrays, self.str_slots + ACC)[bin]
-        out = BinnedTable(1, self.n_int, self.n_float, self.str_slots, 2 * int(live[0]), int(live[1]) + 64)
+        out = BinnedTable(1, self.n_int, self.n_float, self.str_slots, int(live[0]), int(live[1]) + 64)
         copy_bin(self.arrays, bin, out.arrays, 0, self.str_slots + ACC)
         self.delete(*self.select(bin=bin, counters=True))
         return out
@@ -329,8 +404,8 @@ class BinnedTable:
     def install(self, bin: int, state: "BinnedTable") -> None:
         """Add the entries of a one-bin table from :meth:`extract` to bin ``bin``."""
         live = live_bytes(state.arrays, self.str_slots + ACC)[0]
-        slots, ent, _, arena, meta = self.arrays
-        if not room(slots, ent, arena, meta, bin, int(live[0]), int(live[1])):
+        ent, arena, meta = self.arrays
+        if not room(ent, arena, meta, bin, int(live[0]), int(live[1])):
             self.grow(int(live[0]), int(live[1]))
         copy_bin(state.arrays, 0, self.arrays, bin, self.str_slots + ACC)
 
