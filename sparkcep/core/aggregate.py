@@ -15,7 +15,7 @@ from numba import njit
 from sparkcep.core import columns
 from sparkcep.core.hashing import gather_binned, hash_words
 from sparkcep.core.strings import compare_bytes
-from sparkcep.core.table import (ACC, ARENA_USED, AUX, COUNTER, WSTART, BinnedTable, find_or_insert, insert,
+from sparkcep.core.table import (ACC, ARENA_USED, AUX, COUNTER, KEY, WSTART, BinnedTable, find_or_insert, insert,
                                   lookup, room, slot_hash, touch)
 from sparkcep.query.aggregates import AggFunc
 from sparkcep.query.windows import TimeWindow, TupleWindow
@@ -303,32 +303,32 @@ class Program:
         """(opcodes, value columns, int slot columns, float slot columns) in the table's entry rows."""
         return (self.ops, self.cols, self.sis + ACC, self.sfs + ACC + self.n_int)
 
-    def results(self, table: BinnedTable, b: np.ndarray, e: np.ndarray) -> list[pa.Array]:
-        """One Arrow column per function for entries (``b``, ``e``)."""
+    def results(self, rows: np.ndarray, arena: np.ndarray, b: np.ndarray) -> list[pa.Array]:
+        """One Arrow column per function of entries taken from the table (:meth:`BinnedTable.take`)
+        of bins ``b``; their string values are still in ``arena``."""
         out = []
-        ai, af = table.acc_i[b, e], table.acc_f[b, e]
+        ai, af = rows[ACC:], rows.view(np.float64)[ACC + self.n_int:]
         for j, fn in enumerate(self.funcs.values()):
             op, si, sf = self.ops[j], self.sis[j], self.sfs[j]
             t = self.schema.fields.get(fn.field) if fn.field else None
             if op in (COUNT_ALL, COUNT):
-                out.append(pa.array(ai[:, si], pa.int64()))
+                out.append(pa.array(ai[si], pa.int64()))
             elif op == SUM_I:
-                out.append(pa.array(ai[:, si], pa.int64(), mask=ai[:, si + 1] == 0))
+                out.append(pa.array(ai[si], pa.int64(), mask=ai[si + 1] == 0))
             elif op == SUM_F:
-                cnt = ai[:, si]
-                v = af[:, sf] / np.maximum(cnt, 1) if fn.kind == "avg" else af[:, sf]
+                cnt = ai[si]
+                v = af[sf] / np.maximum(cnt, 1) if fn.kind == "avg" else af[sf]
                 out.append(pa.array(v, pa.float64(), mask=cnt == 0))
             elif op in (MIN_I, MAX_I):
-                out.append(columns.from_bits(ai[:, si].view(np.uint64), ai[:, si + 1] > 0, t))
+                out.append(columns.from_bits(ai[si].view(np.uint64), ai[si + 1] > 0, t))
             elif op in (MIN_F, MAX_F):
-                out.append(pa.array(af[:, sf], mask=ai[:, si] == 0).cast(TYPES[t]))
+                out.append(pa.array(af[sf], mask=ai[si] == 0).cast(TYPES[t]))
             elif op in (FIRST, LAST):
-                bits = ai[:, si + 3].view(np.uint64)
-                out.append(columns.from_bits(bits, ai[:, si + 2] > 0, t))
+                out.append(columns.from_bits(ai[si + 3].view(np.uint64), ai[si + 2] > 0, t))
             else:  # string min/max/first/last
-                has = ai[:, si + 2] > 0 if op in (MIN_S, MAX_S) else ai[:, si + 4] > 0
-                lens = np.where(has, ai[:, si + 1], 0)
-                off, data = gather_binned(table.arena, b, ai[:, si], lens)
+                has = ai[si + 2] > 0 if op in (MIN_S, MAX_S) else ai[si + 4] > 0
+                lens = np.where(has, ai[si + 1], 0)
+                off, data = gather_binned(arena, b, ai[si], lens)
                 out.append(columns.string_array(off, data, has))
         return out
 
@@ -441,25 +441,24 @@ class WindowAggregate:
         return self._emit(b, e, None) if len(e) else []
 
     def _emit(self, b: np.ndarray, e: np.ndarray, wm: np.ndarray | None) -> list[pa.RecordBatch]:
+        """Output rows of entries (``b``, ``e``), which leave the table."""
         t = self.table
-        ent = t.ent[b, e]
-        starts = ent[:, WSTART]
+        rows = t.take(b, e)
+        starts = rows[WSTART]
         if self.tuple_window:
             ends = starts + self.window.size
             cols = [pa.array(starts, pa.int64()), pa.array(ends, pa.int64())]
-            ts = ent[:, TS_SLOT]
+            ts = rows[TS_SLOT]
         else:
             ends = starts + self.window.size_us
             cols = [pa.array(starts, pa.timestamp("us")), pa.array(ends, pa.timestamp("us"))]
             ts = ends - 1
             wm = ts
         if self.by:
-            cols += columns.decode_keys(t.arena, b, *t.key_spans(ent), self.key_fields)
-        cols += self.program.results(t, b, e)
-        cols += [pa.array(ent[:, AUX], pa.int64()), pa.array(ts, pa.int64()), pa.array(wm, pa.int64())]
-        out = pa.RecordBatch.from_arrays(cols, names=self.out_schema.names + list(columns.HIDDEN))
-        t.delete(b, e)
-        return [out]
+            cols += columns.decode_keys(t.arena, b, *t.key_spans(rows[KEY]), self.key_fields)
+        cols += self.program.results(rows, t.arena, b)
+        cols += [pa.array(rows[AUX], pa.int64()), pa.array(ts, pa.int64()), pa.array(wm, pa.int64())]
+        return [pa.RecordBatch.from_arrays(cols, names=self.out_schema.names + list(columns.HIDDEN))]
 
     def extract(self, bin: int) -> BinnedTable:
         """Remove and return the state of ``bin``."""

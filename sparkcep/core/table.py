@@ -145,38 +145,40 @@ def find_or_insert(ent, arena, meta, b, h, w0, w1, wstart, kdata, ks, ke):
 
 @njit(nogil=True, cache=True)
 def delete_entries(T, bins, entries):
-    """Delete entries, then free the tombstones no probe needs any more, bin by bin."""
+    """Delete entries, then free the tombstones no probe needs any more.
+
+    A probe stops at the first free slot, so a tombstone followed by a free
+    slot can never be passed over again: it and the run of tombstones
+    before it become free. Walking the deleted entries backwards (they come
+    in slot order) frees whole runs — after a window fires, most of a bin.
+    """
     ent, arena, meta = T
+    mask = ent.shape[1] - 1
     for j in range(len(entries)):
         b, e = bins[j], entries[j]
         ent[b, e, KEY] = TOMB
         meta[b, N_LIVE] -= 1
         meta[b, N_TOMB] += 1
-    done = np.zeros(meta.shape[0], np.bool_)
-    for j in range(len(bins)):
-        if not done[bins[j]]:
-            done[bins[j]] = True
-            free_tombstones(ent, meta, bins[j])
+    for j in range(len(entries) - 1, -1, -1):
+        b, i = bins[j], entries[j]
+        if ent[b, (i + 1) & mask, KEY] == EMPTY:
+            while ent[b, i, KEY] == TOMB:
+                ent[b, i, KEY] = EMPTY
+                meta[b, N_TOMB] -= 1
+                i = (i - 1) & mask
 
 
-@njit(nogil=True, cache=True, inline="always")
-def free_tombstones(ent, meta, b):
-    """Turn every tombstone followed by a free slot into a free slot.
-
-    A probe stops at the first free slot, so such a tombstone can no longer
-    be passed over. Walking backwards from a free slot handles whole runs in
-    one sweep (after a window fires, most of a bin).
-    """
-    S = ent.shape[1]
-    mask = S - 1
-    z = 0
-    while ent[b, z, KEY] != EMPTY:  # one exists: the load stays below MAX_LOAD
-        z += 1
-    for k in range(1, S):
-        i = (z - k) & mask
-        if ent[b, i, KEY] == TOMB and ent[b, (i + 1) & mask, KEY] == EMPTY:
-            ent[b, i, KEY] = EMPTY
-            meta[b, N_TOMB] -= 1
+@njit(nogil=True, cache=True)
+def take_entries(T, bins, entries):
+    """Copy entries out, one contiguous array per entry column ((columns, n)), and delete them."""
+    ent = T[0]
+    out = np.empty((ent.shape[2], len(entries)), np.int64)
+    for j in range(len(entries)):
+        b, e = bins[j], entries[j]
+        for c in range(ent.shape[2]):
+            out[c, j] = ent[b, e, c]
+    delete_entries(T, bins, entries)
+    return out
 
 
 @njit(nogil=True, cache=True)
@@ -363,10 +365,9 @@ class BinnedTable:
         return sum(a.nbytes for a in self.arrays)
 
     @staticmethod
-    def key_spans(ent_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(arena offsets, lengths) of the keys of some entry rows."""
-        k = ent_rows[:, KEY]
-        return k >> KEY_BITS, k & KEY_LEN
+    def key_spans(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(arena offsets, lengths) of keys given their KEY column."""
+        return key >> KEY_BITS, key & KEY_LEN
 
     def grow(self, entries: int = 0, arena_bytes: int = 0) -> None:
         """Make room for ``entries`` more entries and ``arena_bytes`` more bytes in every bin.
@@ -388,6 +389,13 @@ class BinnedTable:
 
     def delete(self, bins: np.ndarray, entries: np.ndarray) -> None:
         delete_entries(self.arrays, bins, entries)
+
+    def take(self, bins: np.ndarray, entries: np.ndarray) -> np.ndarray:
+        """Delete entries and return their columns as a (columns, n) array (floats: view as float64).
+
+        Their arena bytes stay readable until the next :meth:`grow`.
+        """
+        return take_entries(self.arrays, bins, entries)
 
     def select(self, max_wstart: int = np.iinfo(np.int64).max, bin: int = -1, counters: bool = False):
         """(bins, entries) of live window entries starting at or before ``max_wstart``."""
