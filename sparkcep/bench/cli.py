@@ -2,7 +2,7 @@
 
     sparkcep bench fixwindow --rate 100000 --events 2000000
     sparkcep bench wordcount --compare spark --out bench-out
-    sparkcep bench all --compare spark --report docs/benchmarks.md
+    sparkcep bench all --compare spark --workers 2 --report docs/benchmarks.md
 
 Input is open loop: ``--rate`` records/s on a fixed schedule (latency then
 includes any falling behind), or as fast as possible without ``--rate``.
