@@ -6,7 +6,6 @@ stateful operator; rows are stamped as a source would stamp them, first all
 go to instance A, then some bins move to B and their later rows follow them.
 """
 
-import inspect
 import random
 
 import numpy as np
@@ -23,14 +22,6 @@ from sparkcep.core.hashing import hash_rows
 from sparkcep.core.operators import WM_END, WM_NONE, physical
 
 BINS = 16
-
-
-def install(op, bin, state):
-    """``install(bin, state)``; tolerates the older one-argument form."""
-    if len(inspect.signature(op.install).parameters) == 2:
-        op.install(bin, state)
-    else:
-        op.install(state)
 
 
 def stamp_batches(sends, time_fields, schemas):
@@ -65,7 +56,7 @@ def drive(logical_op, ports, keys, batches, move_after, moved, streams):
     for n, (stream, batch) in enumerate(batches):
         if n == move_after:
             for bn in moved:
-                install(b, bn, a.extract(bn))
+                b.install(bn, a.extract(bn))
         if batch is None:
             continue
         port = ports[stream]
@@ -139,7 +130,7 @@ def test_extract_empties_an_instance_and_install_continues_tuple_positions():
     a, b = physical(logical_op, BINS), physical(logical_op, BINS)
     out = a.process(0, first) + a.advance(49, WM_NONE)
     for bn in range(BINS):
-        install(b, bn, a.extract(bn))
+        b.install(bn, a.extract(bn))
     assert a.advance(49, WM_END) == []  # every bin left A
     out += b.process(0, second) + b.advance(89, WM_END)
     names = logical_op.schema.names
