@@ -61,7 +61,7 @@ class Engine:
         N instance managers pinned to cores of ``topology`` (default: this
         machine's NUMA nodes; a JSON file or sysfs-like directory also works).
         ``start_method``: ``fork`` / ``forkserver`` / ``spawn`` (default: fork
-        unless other threads run); ``ring_bytes``: capacity of each channel.
+        unless other threads run); ``ring_bytes``: capacity of each channel (default 16 MiB).
         """
         engine = cls(workers, topology=topology, start_method=start_method, ring_bytes=ring_bytes)
         # other local processes (Spark's Python workers, the CLI) reach it over loopback

@@ -106,12 +106,12 @@ def run_sparkcep(workload: str, rate, events: int, args, console) -> dict:
     from sparkcep.bench.driver import drive
     from sparkcep.bench.generator import UserVisits
     from sparkcep.bench.metrics import latencies, summarize, timeline
-    workloads.warm_up(workload)
     gen = UserVisits(seed=args.seed, distinct_ips=args.ips)
     instances = args.instances if workload == "repartition" else max(1, args.workers)
     label = f"sparkcep {workload} {'max' if not rate else f'{rate:,.0f}/s'}"
     with _progress(console, label, events) as bar, cep.Engine.local(workers=args.workers) as engine:
         task = bar.add_task(label, total=events, rate="")
+        workloads.warm_up(engine, workload, instances)
         engine.deploy(workloads.query(workload), parallelism=workloads.parallelism(workload, instances))
 
         def tick(r, sent):

@@ -1,5 +1,5 @@
-"""Numba kernels of the benchmark workloads: parsing the IP out of a record
-and the per-key running count of wordcount. Plain loops over Arrow buffers.
+"""Numba kernels of the benchmark workloads: parsing the IP out of a record,
+and wordcount's running count per key over the core's binned hash table.
 """
 
 from __future__ import annotations
@@ -8,26 +8,11 @@ import numpy as np
 import pyarrow as pa
 from numba import njit
 
-EMPTY = -1
+from sparkcep.core import columns
+from sparkcep.core.table import ACC, BinnedTable, find_or_insert, lookup, room, slot_hash, touch
 
-
-def string_buffers(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """(int64 offsets, bytes) of a string array without nulls, views on its buffers where possible."""
-    if arr.null_count:
-        raise ValueError("string column with nulls")
-    _, off, data = arr.buffers()
-    typ = np.int64 if pa.types.is_large_string(arr.type) else np.int32
-    offsets = np.frombuffer(off, typ, count=arr.offset + len(arr) + 1)[arr.offset:]
-    return offsets, (np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8))
-
-
-def string_array(offsets: np.ndarray, data: np.ndarray) -> pa.Array:
-    """A string array over kernel output (offsets start at 0)."""
-    n = len(offsets) - 1
-    if offsets[-1] < 2**31:
-        return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)])
-    return pa.Array.from_buffers(pa.large_string(), n, [None, pa.py_buffer(offsets.astype(np.int64)),
-                                                        pa.py_buffer(data)]).cast(pa.string())
+GROUP = 256  # rows whose first probe is touched before any of them is counted (see core.table.touch)
+COUNT, LAST = ACC, ACC + 1  # int slots of a running-count entry (a third pads it to 64 bytes)
 
 
 @njit(nogil=True, cache=True)
@@ -54,106 +39,107 @@ def first_field(offsets, data, sep):
 
 def parse_ip(values: pa.Array) -> pa.Array:
     """HiBench's ``UserVisitParser``: the source IP, the value's first comma-separated field."""
-    off, data = string_buffers(values)
+    if values.null_count:
+        raise ValueError("HiBench record values must not be null")
+    off, data, _ = columns.strings(values)
     o, d = first_field(off, data, 44)
-    return string_array(o, d)
+    return columns.string_array(o, d, None)
 
 
-@njit(nogil=True, cache=True)
-def count_rows(rows, hashes, koff, kdata, slots, e_hash, e_off, e_len, e_count, arena, meta, touched, last):
-    """Add 1 to the count of each row's key (rows in order); returns how many entries were touched.
+def count_table(bins: int) -> BinnedTable:
+    """Running counts per key: one 64-byte entry per key (count, last row of the batch, padding)."""
+    return BinnedTable(bins, n_int=3, n_float=0)
 
-    ``touched[:returned]`` are the entries touched, in first-touch order;
-    ``last[e]`` the last row of entry e. The caller guaranteed room.
+
+@njit(nogil=True, cache=True, inline="always")
+def _count(ent, b, e, r, touched_b, touched_e, nt):
+    """Count row ``r`` for entry ``e``; returns how many entries the batch touched.
+
+    An entry touched by the batch is listed once and holds ``-count - 1``
+    until :func:`running_count` restores it.
     """
-    mask = len(slots) - 1
-    nt = 0
-    for j in range(len(rows)):
-        r = rows[j]
-        h = hashes[r]
-        ks, ke = koff[r], koff[r + 1]
-        kl = ke - ks
-        i = np.int64(h & np.uint64(mask))
-        while True:
-            e = slots[i]
-            if e == EMPTY:
-                e = meta[0]
-                meta[0] = e + 1
-                o = meta[1]
-                for k in range(kl):
-                    arena[o + k] = kdata[ks + k]
-                meta[1] = o + kl
-                slots[i] = e
-                e_hash[e], e_off[e], e_len[e], e_count[e] = h, o, kl, 0
-                break
-            if e_hash[e] == h and e_len[e] == kl:
-                o = e_off[e]
-                same = True
-                for k in range(kl):
-                    if arena[o + k] != kdata[ks + k]:
-                        same = False
-                        break
-                if same:
-                    break
-            i = (i + 1) & mask
-        if e_count[e] >= 0:
-            touched[nt] = e
-            nt += 1
-            e_count[e] = -e_count[e] - 1  # negative while touched in this call
-        last[e] = r
-        e_count[e] -= 1
-    for t in range(nt):
-        e = touched[t]
-        e_count[e] = -e_count[e] - 1
+    c = ent[b, e, COUNT]
+    if c >= 0:
+        touched_b[nt] = b
+        touched_e[nt] = e
+        nt += 1
+        c = -c - 1
+    ent[b, e, COUNT] = c - 1
+    ent[b, e, LAST] = r
     return nt
 
 
 @njit(nogil=True, cache=True)
-def rehash(slots, e_hash, n):
-    mask = len(slots) - 1
-    for e in range(n):
-        i = np.int64(e_hash[e] & np.uint64(mask))
-        while slots[i] != EMPTY:
-            i = (i + 1) & mask
-        slots[i] = e
+def count_known(K, T, misses, touched_b, touched_e):
+    """Pass 1: count the rows whose key has an entry (read-only probes, touched ahead in groups);
+    the others go, in order, to ``misses``. Returns (misses, entries touched, a sum of the
+    touched-ahead loads, returned only so the compiler keeps them)."""
+    khash, kw0, kw1, koff, kdata, kbin = K
+    ent, arena, meta = T
+    m = nt = loads = 0
+    first = np.empty(GROUP, np.int64)
+    n = len(khash)
+    for g in range(0, n, GROUP):
+        ge = min(n, g + GROUP)
+        for r in range(g, ge):
+            first[r - g] = slot_hash(khash[r], 0)
+            loads += touch(ent, kbin[r], first[r - g])
+        for r in range(g, ge):
+            b, ks = kbin[r], koff[r]
+            e = lookup(ent, arena, b, first[r - g], 0, kw0[r], kw1[r], kdata, ks, koff[r + 1] - ks)
+            if e >= 0:
+                nt = _count(ent, b, e, r, touched_b, touched_e, nt)
+            else:
+                misses[m] = r
+                m += 1
+    return m, nt, loads
 
 
-class CountTable:
-    """Exact running counts per key (key bytes kept in an arena): the state of one bin."""
+@njit(nogil=True, cache=True)
+def count_new(pos, m, misses, K, T, touched_b, touched_e, nt):
+    """Pass 2: the missed rows, inserting their keys; returns (where it stopped for room, entries touched)."""
+    khash, kw0, kw1, koff, kdata, kbin = K
+    ent, arena, meta = T
+    for q in range(pos, m):
+        r = misses[q]
+        b = kbin[r]
+        if not room(ent, arena, meta, b, 1, koff[r + 1] - koff[r]):
+            return q, nt
+        e = find_or_insert(ent, arena, meta, b, khash[r], kw0[r], kw1[r], 0, kdata, koff[r], koff[r + 1])
+        nt = _count(ent, b, e, r, touched_b, touched_e, nt)
+    return m, nt
 
-    def __init__(self, capacity: int = 64, arena_bytes: int = 1024):
-        self.meta = np.zeros(2, np.int64)  # entries, arena bytes used
-        self._alloc(capacity, arena_bytes)
 
-    def _alloc(self, capacity: int, arena_bytes: int) -> None:
-        self.slots = np.full(capacity * 2, EMPTY, np.int64)
-        self.e_hash = np.zeros(capacity, np.uint64)
-        self.e_off = np.zeros(capacity, np.int64)
-        self.e_len = np.zeros(capacity, np.int64)
-        self.e_count = np.zeros(capacity, np.int64)
-        self.last = np.zeros(capacity, np.int64)
-        self.arena = np.zeros(arena_bytes, np.uint8)
+@njit(nogil=True, cache=True)
+def locate(rows, K, T, entries):
+    """The entry of each row's key (after a rebuild renumbered them)."""
+    khash, kw0, kw1, koff, kdata, kbin = K
+    ent, arena, meta = T
+    for j in range(len(rows)):
+        r = rows[j]
+        ks = koff[r]
+        entries[j] = lookup(ent, arena, kbin[r], slot_hash(khash[r], 0), 0, kw0[r], kw1[r], kdata, ks,
+                            koff[r + 1] - ks)
 
-    def reserve(self, entries: int, key_bytes: int) -> None:
-        n, used = int(self.meta[0]), int(self.meta[1])
-        if n + entries <= len(self.e_hash) and used + key_bytes <= len(self.arena):
-            return
-        cap, ab = len(self.e_hash), len(self.arena)
-        while cap < n + entries:
-            cap *= 2
-        while ab < used + key_bytes:
-            ab *= 2
-        old = (self.e_hash, self.e_off, self.e_len, self.e_count, self.arena)
-        self._alloc(cap, ab)
-        for new, o in zip((self.e_hash, self.e_off, self.e_len, self.e_count, self.arena), old):
-            new[:len(o)] = o
-        rehash(self.slots, self.e_hash, n)
 
-    def add(self, rows: np.ndarray, hashes: np.ndarray, koff: np.ndarray, kdata: np.ndarray):
-        """Count ``rows``; returns (entries touched, their last row, their count now)."""
-        self.reserve(len(rows), int((koff[rows + 1] - koff[rows]).sum()))
-        touched = np.empty(len(rows), np.int64)
-        nt = count_rows(rows, hashes, koff, kdata, self.slots, self.e_hash, self.e_off, self.e_len,
-                        self.e_count, self.arena, self.meta, touched, self.last)
-        t = touched[:nt]
-        return t, self.last[t], self.e_count[t].copy()
+def running_count(table: BinnedTable, K) -> tuple[np.ndarray, np.ndarray]:
+    """Count every row of a batch under its key; returns (last row, count now) of each key the batch
+    holds, ordered by last row. ``K``: the batch's (hashes, words, words, key offsets, key bytes, bins)."""
+    n = len(K[0])
+    misses, touched_b, touched_e = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+    m, nt, _ = count_known(K, table.arrays, misses, touched_b, touched_e)
+    pos = 0
+    while True:
+        pos, nt = count_new(pos, m, misses, K, table.arrays, touched_b, touched_e, nt)
+        if pos == m:
+            break
+        rows = table.ent[touched_b[:nt], touched_e[:nt], LAST]  # a rebuild renumbers the entries
+        koff = K[3]
+        table.grow(8, 8 * int(koff[-1] - koff[0]) // n + 64)
+        locate(rows, K, table.arrays, touched_e)
+    ent = table.ent
+    b, e = touched_b[:nt], touched_e[:nt]
+    last, count = ent[b, e, LAST], -ent[b, e, COUNT] - 1
+    ent[b, e, COUNT] = count
+    order = np.argsort(last, kind="stable")
+    return last[order], count[order]

@@ -34,9 +34,9 @@ import pyarrow as pa
 
 import sparkcep as cep
 from sparkcep.bench.generator import RECORD_DDL
-from sparkcep.bench.kernels import CountTable, parse_ip, string_buffers
-from sparkcep.core.table import group_rows
-from sparkcep.core.hashing import hash_rows
+from sparkcep.bench.kernels import count_table, parse_ip, running_count
+from sparkcep.core import columns
+from sparkcep.core.hashing import hash_words
 
 STREAM = "uservisits"
 WORKLOADS = ("identity", "repartition", "wordcount", "fixwindow")
@@ -55,36 +55,31 @@ def _ip_and_key(batch: pa.RecordBatch) -> pa.RecordBatch:
 class RunningCount(cep.StatefulOperator):
     """The running count of tuples per ``ip``; one row per IP in each consumed batch.
 
-    State: per bin, a :class:`~sparkcep.bench.kernels.CountTable` (exact:
-    keys are compared byte by byte, not only by hash).
+    State: one :func:`~sparkcep.bench.kernels.count_table` over all bins of
+    the instance (exact: keys are compared byte by byte, not only by hash);
+    :meth:`extract` / :meth:`install` move one bin of it.
     """
 
     schema = "ip string, count int64, key timestamp"
 
+    def new_state(self, bins):
+        return count_table(bins)
+
     def process(self, batch, bins, state):
-        ip = batch.column("ip")
-        koff, kdata = string_buffers(ip)
-        koff = koff.astype(np.int64)
-        hashes = hash_rows(koff, kdata)
-        nbins = int(bins.max()) + 1 if len(bins) else 0
-        order, starts = group_rows(np.asarray(bins, np.int64), nbins)
-        rows, counts = [], []
-        for b in np.flatnonzero(np.diff(starts)):
-            table = state.get(int(b))
-            if table is None:
-                table = state[int(b)] = CountTable()
-            _, last, cnt = table.add(order[starts[b]:starts[b + 1]], hashes, koff, kdata)
-            rows.append(last)
-            counts.append(cnt)
-        if not rows:
+        koff, kdata = columns.encode_keys(batch, ["ip"])
+        h, w0, w1 = hash_words(koff, kdata)
+        last, count = running_count(state, (h, w0, w1, koff, kdata, np.asarray(bins, np.int64)))
+        if not len(last):
             return None
-        rows_a, counts_a = np.concatenate(rows), np.concatenate(counts)
-        keep = np.argsort(rows_a, kind="stable")  # output in the order of each IP's last record
-        rows_a, counts_a = rows_a[keep], counts_a[keep]
-        take = pa.array(rows_a)
-        return pa.RecordBatch.from_arrays([ip.take(take), pa.array(counts_a, pa.int64()),
-                                           batch.column("key").take(take)],
-                                          names=["ip", "count", "key"])
+        take = pa.array(last)
+        return pa.RecordBatch.from_arrays([batch.column("ip").take(take), pa.array(count, pa.int64()),
+                                           batch.column("key").take(take)], names=["ip", "count", "key"])
+
+    def extract(self, state, bin):
+        return state.extract(bin)
+
+    def install(self, state, bin, value):
+        state.install(bin, value)
 
 
 def query(workload: str, name: str | None = None) -> cep.Query:
@@ -117,12 +112,16 @@ def parallelism(workload: str, instances: int) -> int:
     return max(1, instances)
 
 
-def warm_up(workload: str) -> None:
-    """Compile (or load from numba's cache) the kernels ``workload`` runs: a tiny run, untimed."""
+def warm_up(engine: cep.Engine, workload: str, instances: int) -> None:
+    """Run ``workload`` briefly on ``engine``, untimed, then undeploy it: every instance manager
+    compiles (or loads from numba's cache) the kernels the measured run will call, for the array
+    types it will call them with."""
     from sparkcep.bench.generator import UserVisits
-    gen = UserVisits(seed=1, distinct_ips=16, cycle=1 << 16)
-    with cep.Engine.local() as engine:
-        engine.deploy(query(workload, name=f"warm-{workload}"), parallelism=parallelism(workload, 2))
-        for i in range(2):
-            engine.send(STREAM, gen.records(i * 500, 500, start_us=0, rate=1000))
+    gen = UserVisits(seed=1, distinct_ips=1000, cycle=1 << 16)
+    engine.deploy(query(workload), parallelism=parallelism(workload, instances))
+    try:
+        for i in range(4):
+            engine.send(STREAM, gen.records(i * 20_000, 20_000, start_us=0, rate=10_000))
         engine.end(STREAM)
+    finally:
+        engine.undeploy(workload)

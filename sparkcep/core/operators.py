@@ -180,12 +180,13 @@ class JoinOp(StatefulOp):
 
 
 class CustomOp(StatefulOp):
-    """A user's :class:`~sparkcep.query.operators.StatefulOperator`, its state a dict bin -> value."""
+    """A user's :class:`~sparkcep.query.operators.StatefulOperator` and its state (by default a dict
+    bin -> value)."""
 
     def __init__(self, op: logical.Custom, bins: int):
         super().__init__(op, bins)
-        self.state: dict = {}
         self.user = op.op
+        self.state = self.user.new_state(bins)
         self._seq = self._ts = 0
 
     def consume(self, port, batch):
@@ -215,11 +216,10 @@ class CustomOp(StatefulOp):
         return [out]
 
     def extract(self, bin):
-        return self.state.pop(bin, None)
+        return self.user.extract(self.state, bin)
 
     def install(self, bin, state):
-        if state is not None:
-            self.state[bin] = state
+        self.user.install(self.state, bin, state)
 
 
 def _take_ready(batches: list[pa.RecordBatch], frontier: int):

@@ -197,24 +197,39 @@ class StatefulOperator:
 
     Subclass it and pass an instance to ``Stream.stateful(op, by=[...])``. The
     engine routes tuples by ``by`` so one bin's tuples always reach the same
-    instance, and migration moves a bin's entry of ``state`` (a dict
-    ``bin -> any picklable value``) between instances.
+    instance, and migration moves one bin's part of the state between
+    instances. By default the state is a dict ``bin -> any picklable value``;
+    an operator that keeps all its bins in one structure (one hash table, say)
+    overrides :meth:`new_state`, :meth:`extract` and :meth:`install`.
     """
 
     #: the schema of the rows this operator emits
     schema: "Schema | dict | str"
 
-    def process(self, batch: pa.RecordBatch, bins, state: dict) -> pa.RecordBatch | None:
+    def new_state(self, bins: int):
+        """The empty state of one instance; ``bins``: how many bins the query has."""
+        return {}
+
+    def process(self, batch: pa.RecordBatch, bins, state) -> pa.RecordBatch | None:
         """Called with each batch of input in sequence order; ``bins[i]`` is row i's bin."""
         raise NotImplementedError
 
-    def on_watermark(self, watermark_us: int, state: dict) -> pa.RecordBatch | None:
+    def on_watermark(self, watermark_us: int, state) -> pa.RecordBatch | None:
         """Called when the event-time watermark advances; default: nothing to emit."""
         return None
 
-    def on_end(self, state: dict) -> pa.RecordBatch | None:
+    def on_end(self, state) -> pa.RecordBatch | None:
         """Called at end of input; default: nothing to emit."""
         return None
+
+    def extract(self, state, bin: int):
+        """Remove and return the part of ``state`` that belongs to ``bin`` (None: nothing)."""
+        return state.pop(bin, None)
+
+    def install(self, state, bin: int, value) -> None:
+        """Add ``value``, taken by :meth:`extract` from another instance's state, as bin ``bin``."""
+        if value is not None:
+            state[bin] = value
 
 
 class Custom(Operator):

@@ -54,7 +54,7 @@ _REC = struct.Struct("<ii")            # record: length (bytes, incl. this, padd
 _DATA = struct.Struct("<qqqii")        # epoch, frontier, arrival ns, port, body length
 _PROGRESS = struct.Struct("<qqqq")     # epoch, frontier, watermark, arrival ns
 _SCHEMA = struct.Struct("<ii")         # port, body length
-DEFAULT_CAPACITY = 4 << 20
+DEFAULT_CAPACITY = 16 << 20  # a message takes up to 1/4 of it: ~20K HiBench records, so per-message costs stay small
 
 
 class Data:
