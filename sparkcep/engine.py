@@ -85,8 +85,13 @@ class Engine:
             self.pool.close()
 
     # --- queries -----------------------------------------------------------------
-    def deploy(self, query: Query, parallelism=1, bins: int = 128) -> Deployment:
-        """Plan and start ``query``; ``parallelism``: an int or ``{operator name: instances}``."""
+    def deploy(self, query: Query, parallelism=1, bins: int = 128, retain: bool = True) -> Deployment:
+        """Plan and start ``query``; ``parallelism``: an int or ``{operator name: instances}``.
+
+        ``retain=False``: its outputs keep no rows, they only reach subscribers
+        (:meth:`subscribe`); ``collect()`` and Spark readers then have nothing
+        to read. For long runs whose results are consumed as they come.
+        """
         self._check_open()
         if not isinstance(query, Query):
             raise QueryError(f"deploy() takes a Query, got {type(query).__name__}")
@@ -109,7 +114,7 @@ class Engine:
                 from sparkcep.runtime.workers import WorkerDeployment
                 dep = WorkerDeployment(self.pool, query, parallelism, bins)
             for out, op in query.outputs.items():
-                self.outputs[out] = dep.logs[out] = OutputLog(op.schema.to_arrow())
+                self.outputs[out] = dep.logs[out] = OutputLog(op.schema.to_arrow(), out, retain)
                 self._producer[out] = dep
             for name in query.sources:
                 self.streams.setdefault(name, []).append(dep)

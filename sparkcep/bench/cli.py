@@ -105,20 +105,22 @@ def run_sparkcep(workload: str, rate, events: int, args, console) -> dict:
     import sparkcep as cep
     from sparkcep.bench.driver import drive
     from sparkcep.bench.generator import UserVisits
-    from sparkcep.bench.metrics import latencies, summarize, timeline
+    from sparkcep.bench.metrics import latencies, latency_columns, summarize, timeline
     gen = UserVisits(seed=args.seed, distinct_ips=args.ips)
     instances = args.instances if workload == "repartition" else max(1, args.workers)
     label = f"sparkcep {workload} {'max' if not rate else f'{rate:,.0f}/s'}"
     with _progress(console, label, events) as bar, cep.Engine.local(workers=args.workers) as engine:
         task = bar.add_task(label, total=events, rate="")
         workloads.warm_up(engine, workload, instances)
-        engine.deploy(workloads.query(workload), parallelism=workloads.parallelism(workload, instances))
+        engine.deploy(workloads.query(workload), parallelism=workloads.parallelism(workload, instances),
+                      retain=False)  # like Spark's noop sink: results are counted and timed, not kept
 
         def tick(r, sent):
             el = max(time.time_ns() - r.t_start, 1) / 1e9
             bar.update(task, completed=sent, rate=f"{sent / el:,.0f} rec/s")
 
-        run = drive(engine, workloads.STREAM, workload, gen, events, rate=rate, tick=tick, tick_s=0.25)
+        run = drive(engine, workloads.STREAM, workload, gen, events, rate=rate, tick=tick, tick_s=0.25,
+                    keep=latency_columns(workload))
     lat = latencies(workload, run)
     res = summarize(run, lat)
     res.update(engine="sparkcep", workload=workload, workers=args.workers, instances=instances,

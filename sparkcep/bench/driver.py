@@ -67,13 +67,14 @@ def plan_batches(rate: float | None, batch_rows: int | None, batch_ms: float) ->
 
 def drive(engine, stream: str, output: str, gen: UserVisits, events: int, rate: float | None = None,
           batch_rows: int | None = None, batch_ms: float = DEFAULT_BATCH_MS,
-          tick: Callable[[Run, int], None] | None = None, tick_s: float = 1.0) -> Run:
+          tick: Callable[[Run, int], None] | None = None, tick_s: float = 1.0,
+          keep: list[str] | None = None) -> Run:
     """Send ``events`` records of ``gen`` into ``stream`` (open loop at ``rate`` records/s, or
     as fast as possible), then end the stream; returns the :class:`Run`.
 
     ``tick(run, sent)`` is called about every ``tick_s`` seconds (progress
-    display). Output batches are kept by reference (the engine's output log
-    holds them anyway).
+    display). Output batches are kept by reference, or only copies of their
+    columns ``keep`` when given (so the rest of their memory can go).
     """
     run = Run(rate=rate)
     rows, dt_us = plan_batches(rate, batch_rows, batch_ms)
@@ -81,6 +82,8 @@ def drive(engine, stream: str, output: str, gen: UserVisits, events: int, rate: 
 
     def on_output(batch: pa.RecordBatch) -> None:
         run.out_t.append(time.time_ns())
+        if keep is not None:  # a copy: a column of a received batch is a slice of its whole buffer
+            batch = pa.RecordBatch.from_arrays([pa.concat_arrays([batch.column(c)]) for c in keep], names=keep)
         run.out.append(batch)
 
     engine.subscribe(output, on_output)

@@ -39,6 +39,11 @@ def _ints(arr) -> np.ndarray:
     return arr.to_numpy(zero_copy_only=False)
 
 
+def latency_columns(workload: str) -> list[str]:
+    """The output columns :func:`arrivals` reads."""
+    return ["window_end"] if workload == "fixwindow" else ["key"]
+
+
 def arrivals(workload: str, run: Run, batch: pa.RecordBatch) -> np.ndarray:
     """Arrival time (ns) of the tuple each row of an output batch answers."""
     send_t, first, last, _ = run.arrays()

@@ -42,10 +42,13 @@ class OutputLog:
     ``collect()`` on the engine returns :meth:`table`: every *retained* row.
     Nothing is released unless a consumer commits (the Spark source does at
     ``commit(end)``), so without Spark readers the log keeps everything.
+    With ``retain=False`` it keeps nothing: rows go to the subscribers only
+    (positions still count up), for long runs whose results are consumed as
+    they come.
     """
 
-    def __init__(self, schema: pa.Schema):
-        self.schema = schema
+    def __init__(self, schema: pa.Schema, name: str = "", retain: bool = True):
+        self.schema, self.name, self.retain = schema, name, retain
         self.subscribers: list[Callable[[pa.RecordBatch], None]] = []
         self.rows = 0  # rows produced since the start, retained or not
         self._parts: dict[int, _Partition] = {}
@@ -65,9 +68,12 @@ class OutputLog:
             stored = pa.RecordBatch.from_arrays(list(visible.columns) + [seq], schema=self._stored)
             with self._lock:
                 part = self._parts.setdefault(partition, _Partition())
-                part.starts.append(part.end)
-                part.batches.append(stored)
+                if self.retain:
+                    part.starts.append(part.end)
+                    part.batches.append(stored)
                 part.end += batch.num_rows
+                if not self.retain:
+                    part.base = part.end
                 self.rows += batch.num_rows
         for fn in self.subscribers:
             fn(visible)
@@ -75,6 +81,9 @@ class OutputLog:
     # --- reading -------------------------------------------------------------------
     def table(self) -> pa.Table:
         """Every retained row, partition after partition."""
+        if not self.retain:
+            raise EngineError(f"output {self.name!r} keeps no rows (its query was deployed with retain=False); "
+                              "subscribe to it to get its rows", "NOT_RETAINED")
         with self._lock:
             batches = [b for p in sorted(self._parts) for b in self._parts[p].batches]
         return pa.Table.from_batches([b.select(self.schema.names) for b in batches], schema=self.schema)

@@ -83,6 +83,21 @@ def test_subscribe_sees_every_batch_from_then_on():
             e.subscribe("nope", seen.append)
 
 
+def test_an_output_deployed_without_retention_reaches_subscribers_only():
+    seen = []
+    with cep.Engine.local() as e:
+        e.deploy(counting(), retain=False)
+        e.subscribe("out", seen.append)
+        e.send("ev", table(rows(1, 2, 11), EV))
+        e.end("ev")
+        assert sum(b.num_rows for b in seen) == 3
+        log = e.outputs["out"]
+        assert log.retained == 0 and log.rows == 3 and log.latest() == log.earliest()
+        with pytest.raises(cep.EngineError, match="'out' keeps no rows.*retain=False") as err:
+            e.collect("out")
+        assert err.value.code == "NOT_RETAINED"
+
+
 def test_collect_before_any_output_is_an_empty_table_with_the_schema():
     with cep.Engine.local() as e:
         e.deploy(counting())
