@@ -135,7 +135,7 @@ def running_count(table: BinnedTable, K) -> tuple[np.ndarray, np.ndarray]:
             break
         rows = table.ent[touched_b[:nt], touched_e[:nt], LAST]  # a rebuild renumbers the entries
         koff = K[3]
-        table.grow(8, 8 * int(koff[-1] - koff[0]) // n + 64)
+        table.grow_for(m - pos, int(koff[-1] - koff[0]) // n + 1)
         locate(rows, K, table.arrays, touched_e)
     ent = table.ent
     b, e = touched_b[:nt], touched_e[:nt]

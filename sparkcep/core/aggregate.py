@@ -15,10 +15,10 @@ from numba import njit
 from sparkcep.core import columns
 from sparkcep.core.hashing import gather_binned, hash_words
 from sparkcep.core.strings import compare_bytes
-from sparkcep.core.table import (ACC, ARENA_USED, AUX, COUNTER, KEY, WSTART, BinnedTable, find_or_insert, insert,
+from sparkcep.core.table import (ACC, ARENA_USED, AUX, COUNTER, WSTART, BinnedTable, find_or_insert, insert,
                                   lookup, room, slot_hash, touch)
 from sparkcep.query.aggregates import AggFunc
-from sparkcep.query.windows import TimeWindow, TupleWindow
+from sparkcep.query.windows import TupleWindow
 from sparkcep.schema import TYPES, Schema
 
 (COUNT_ALL, COUNT, SUM_I, SUM_F, MIN_I, MAX_I, MIN_F, MAX_F, MIN_S, MAX_S,
@@ -400,9 +400,10 @@ class WindowAggregate:
                                         self.table.kernel_state(), ready_b, ready_e, ready_wm, nready)
                 m = int(nready[0])
                 if m:  # emit before growing: a rebuild renumbers entries, the ready list would go stale
-                    out += self._emit(ready_b[:m], ready_e[:m], ready_wm[:m])
+                    out += self._emit(ready_b[:m], *self.table.take(ready_b[:m], ready_e[:m]), ready_wm[:m])
                     nready[0] = 0
-                self._grow_for(pos, n, K, rowstr)
+                if pos < n:
+                    self._grow_for(n - pos, K, rowstr)
             return out
         late = np.zeros(n, np.bool_)
         nwin = (w.size_us + w.advance_us - 1) // w.advance_us
@@ -411,19 +412,18 @@ class WindowAggregate:
                             self.table.kernel_state(), late, miss_r, miss_s)
         while pos < m:
             pos, _ = insert_time(pos, m, miss_r, miss_s, K, ts, seq, rowstr, P, V, self.table.kernel_state())
-            self._grow_for(pos, m, K, rowstr)
+            if pos < m:
+                self._grow_for(m - pos, K, rowstr)
         self.late += int(late.sum())
         first = int(((ts.min() - w.size_us) // w.advance_us + 1) * w.advance_us)
         self.lowest_start = first if self.lowest_start is None else min(self.lowest_start, first)
         return []
 
-    def _grow_for(self, pos: int, n: int, K, rowstr) -> None:
-        if pos < n:
-            w = self.window
-            nwin = (w.size + w.advance - 1) // w.advance + 1 if self.tuple_window else \
-                (w.size_us + w.advance_us - 1) // w.advance_us
-            koff = K[3]
-            self.table.grow(nwin * 8, nwin * 8 * int(koff[-1] - koff[0] + rowstr.sum()) // max(n, 1) + 64)
+    def _grow_for(self, pending: int, K, rowstr) -> None:
+        """Room for ``pending`` more entries, each with the batch's average key and string bytes."""
+        koff = K[3]
+        n = len(koff) - 1
+        self.table.grow_for(pending, (int(koff[-1] - koff[0]) + int(rowstr.sum())) // max(n, 1) + 1)
 
     def fire(self, watermark: int | None) -> list[pa.RecordBatch]:
         """Emit and drop the time windows ending at or before ``watermark - lateness`` (None: all)."""
@@ -436,14 +436,13 @@ class WindowAggregate:
             limit = watermark - w.lateness_us - w.size_us
             if limit < self.lowest_start:
                 return []
-        b, e = self.table.select(max_wstart=limit)
+        b, rows, koff, kdata = self.table.take_expired(limit)
         self.lowest_start = None if watermark is None else (limit // w.advance_us + 1) * w.advance_us
-        return self._emit(b, e, None) if len(e) else []
+        return self._emit(b, rows, koff, kdata, None) if len(b) else []
 
-    def _emit(self, b: np.ndarray, e: np.ndarray, wm: np.ndarray | None) -> list[pa.RecordBatch]:
-        """Output rows of entries (``b``, ``e``), which leave the table."""
-        t = self.table
-        rows = t.take(b, e)
+    def _emit(self, b: np.ndarray, rows: np.ndarray, koff: np.ndarray, kdata: np.ndarray,
+              wm: np.ndarray | None) -> list[pa.RecordBatch]:
+        """Output rows of entries taken out of bins ``b`` (columns ``rows``, keys ``koff``/``kdata``)."""
         starts = rows[WSTART]
         if self.tuple_window:
             ends = starts + self.window.size
@@ -455,8 +454,8 @@ class WindowAggregate:
             ts = ends - 1
             wm = ts
         if self.by:
-            cols += columns.decode_keys(t.arena, b, *t.key_spans(rows[KEY]), self.key_fields)
-        cols += self.program.results(rows, t.arena, b)
+            cols += columns.decode_keys(koff, kdata, self.key_fields)
+        cols += self.program.results(rows, self.table.arena, b)
         cols += [pa.array(rows[AUX], pa.int64()), pa.array(ts, pa.int64()), pa.array(wm, pa.int64())]
         return [pa.RecordBatch.from_arrays(cols, names=self.out_schema.names + list(columns.HIDDEN))]
 

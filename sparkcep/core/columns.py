@@ -112,21 +112,21 @@ def is_raw_key(types: list) -> bool:
     return len(types) == 1 and (types[0] == "string" or types[0] == pa.string())
 
 
-def decode_keys(arena: np.ndarray, bins: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
-                fields: dict[str, str]) -> list[pa.Array]:
-    """Arrow columns of the key ``fields`` of encoded keys at ``arena[bins[i], starts[i]:]``."""
+def decode_keys(offsets: np.ndarray, data: np.ndarray, fields: dict[str, str]) -> list[pa.Array]:
+    """Arrow columns of the key ``fields`` of encoded keys ``data[offsets[i]:offsets[i+1]]``."""
     types = list(fields.values())
     if is_raw_key(types):
-        offsets, data = hashing.gather_binned(arena, bins, starts, lengths)
-        valid = ~((lengths == 1) & (arena[bins, starts] == hashing.NULL_BYTE)) if len(starts) else np.ones(0, np.bool_)
+        starts, lengths = offsets[:-1], np.diff(offsets)
+        valid = ~((lengths == 1) & (data[np.minimum(starts, max(len(data) - 1, 0))] == hashing.NULL_BYTE)) \
+            if len(data) else np.ones(len(starts), np.bool_)
         return [string_array(offsets, data, valid)]
     kinds = np.array([KIND_STRING if t == "string" else KIND_FIXED for t in types], np.int64)
     out = []
     for j, t in enumerate(types):
         if t == "string":
-            off, data, valid = hashing.read_string(arena, bins, starts, kinds, j)
-            out.append(string_array(off, data, valid))
+            off, sdata, valid = hashing.read_string(data, offsets[:-1], kinds, j)
+            out.append(string_array(off, sdata, valid))
         else:
-            bits, valid = hashing.read_fixed(arena, bins, starts, kinds, j)
+            bits, valid = hashing.read_fixed(data, offsets[:-1], kinds, j)
             out.append(from_bits(bits, valid, t))
     return out

@@ -133,13 +133,12 @@ def write_string(out, cursor, offsets, data, valid):
 
 
 @njit(nogil=True, cache=True)
-def read_fixed(arena, bins, starts, skip_kinds, col):
-    """Decode field ``col`` (fixed width) of keys at ``arena[bins[i], starts[i]:]``: (bits, valid)."""
+def read_fixed(a, starts, skip_kinds, col):
+    """Decode field ``col`` (fixed width) of keys at ``a[starts[i]:]``: (bits, valid)."""
     n = len(starts)
     bits = np.zeros(n, np.uint64)
     valid = np.zeros(n, np.bool_)
     for i in range(n):
-        a = arena[bins[i]]
         c = _skip(a, starts[i], skip_kinds, col)
         valid[i] = a[c] == 1
         v = np.uint64(0)
@@ -150,14 +149,13 @@ def read_fixed(arena, bins, starts, skip_kinds, col):
 
 
 @njit(nogil=True, cache=True)
-def read_string(arena, bins, starts, skip_kinds, col):
-    """Decode string field ``col`` of keys at ``arena[bins[i], starts[i]:]``: (offsets, data, valid)."""
+def read_string(a, starts, skip_kinds, col):
+    """Decode string field ``col`` of keys at ``a[starts[i]:]``: (offsets, data, valid)."""
     n = len(starts)
     offsets = np.zeros(n + 1, np.int64)
     valid = np.zeros(n, np.bool_)
     total = 0
     for i in range(n):
-        a = arena[bins[i]]
         c = _skip(a, starts[i], skip_kinds, col)
         ln = 0
         for k in range(4):
@@ -167,7 +165,6 @@ def read_string(arena, bins, starts, skip_kinds, col):
         offsets[i + 1] = total
     data = np.empty(total, np.uint8)
     for i in range(n):
-        a = arena[bins[i]]
         c = _skip(a, starts[i], skip_kinds, col)
         s = offsets[i]
         for k in range(offsets[i + 1] - s):

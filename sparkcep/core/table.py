@@ -143,24 +143,19 @@ def find_or_insert(ent, arena, meta, b, h, w0, w1, wstart, kdata, ks, ke):
     return e
 
 
-@njit(nogil=True, cache=True)
-def delete_entries(T, bins, entries):
-    """Delete entries, then free the tombstones no probe needs any more.
+@njit(nogil=True, cache=True, inline="always")
+def free_runs(ent, meta, b, entries, lo, hi):
+    """Free the tombstones of bin ``b`` no probe needs any more, given its deleted ``entries[lo:hi]``
+    in slot order.
 
     A probe stops at the first free slot, so a tombstone followed by a free
     slot can never be passed over again: it and the run of tombstones
-    before it become free. Walking the deleted entries backwards (they come
-    in slot order) frees whole runs — after a window fires, most of a bin.
+    before it become free. Walking the deleted entries backwards frees
+    whole runs — after a window fires, most of a bin.
     """
-    ent, arena, meta = T
     mask = ent.shape[1] - 1
-    for j in range(len(entries)):
-        b, e = bins[j], entries[j]
-        ent[b, e, KEY] = TOMB
-        meta[b, N_LIVE] -= 1
-        meta[b, N_TOMB] += 1
-    for j in range(len(entries) - 1, -1, -1):
-        b, i = bins[j], entries[j]
+    for j in range(hi - 1, lo - 1, -1):
+        i = entries[j]
         if ent[b, (i + 1) & mask, KEY] == EMPTY:
             while ent[b, i, KEY] == TOMB:
                 ent[b, i, KEY] = EMPTY
@@ -169,16 +164,95 @@ def delete_entries(T, bins, entries):
 
 
 @njit(nogil=True, cache=True)
-def take_entries(T, bins, entries):
-    """Copy entries out, one contiguous array per entry column ((columns, n)), and delete them."""
-    ent = T[0]
-    out = np.empty((ent.shape[2], len(entries)), np.int64)
+def delete_entries(T, bins, entries):
+    """Delete entries (bin-major, slot order within a bin), then free the tombstones they leave."""
+    ent, arena, meta = T
     for j in range(len(entries)):
         b, e = bins[j], entries[j]
-        for c in range(ent.shape[2]):
-            out[c, j] = ent[b, e, c]
+        ent[b, e, KEY] = TOMB
+        meta[b, N_LIVE] -= 1
+        meta[b, N_TOMB] += 1
+    lo = 0
+    for j in range(1, len(entries) + 1):
+        if j == len(entries) or bins[j] != bins[lo]:
+            free_runs(ent, meta, bins[lo], entries, lo, j)
+            lo = j
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _copy_out(ent, arena, b, e, out, j, koff, kdata):
+    """Entry ``e`` of bin ``b`` into column ``j`` of ``out``, its key bytes after ``koff[j]``.
+
+    A key of up to 16 bytes is all in K0, K1: their 16 bytes are written
+    without a length-dependent loop (``kdata`` has 16 bytes of slack; the
+    next key overwrites the excess).
+    """
+    for c in range(ent.shape[2]):
+        out[c, j] = ent[b, e, c]
+    k = ent[b, e, KEY]
+    n = k & KEY_LEN
+    d = koff[j]
+    if n <= 16:
+        w0, w1 = ent[b, e, K0], ent[b, e, K1]
+        for q in range(8):
+            kdata[d + q] = (w0 >> (8 * q)) & 255
+            kdata[d + 8 + q] = (w1 >> (8 * q)) & 255
+    else:
+        o = k >> KEY_BITS
+        for q in range(n):
+            kdata[d + q] = arena[b, o + q]
+    koff[j + 1] = d + n
+
+
+@njit(nogil=True, cache=True)
+def take_entries(T, bins, entries):
+    """Copy entries out and delete them: (their columns as a (columns, n) array, key offsets, key bytes)."""
+    ent, arena, meta = T
+    n = len(entries)
+    nbytes = 0
+    for j in range(n):
+        nbytes += ent[bins[j], entries[j], KEY] & KEY_LEN
+    out = np.empty((ent.shape[2], n), np.int64)
+    koff = np.zeros(n + 1, np.int64)
+    kdata = np.empty(nbytes + 16, np.uint8)
+    for j in range(n):
+        _copy_out(ent, arena, bins[j], entries[j], out, j, koff, kdata)
     delete_entries(T, bins, entries)
-    return out
+    return out, koff, kdata[:nbytes]
+
+
+@njit(nogil=True, cache=True)
+def take_expired(T, max_wstart):
+    """Take out every window entry starting at or before ``max_wstart`` in one pass over the table,
+    bin by bin in slot order: (their bins, columns, key offsets, key bytes), as :func:`take_entries`."""
+    ent, arena, meta = T
+    cap = nbytes = 0
+    for b in range(meta.shape[0]):
+        cap += meta[b, N_LIVE]
+        nbytes += meta[b, ARENA_USED]
+    bins = np.empty(cap, np.int64)
+    slots = np.empty(cap, np.int64)
+    out = np.empty((ent.shape[2], cap), np.int64)
+    koff = np.zeros(cap + 1, np.int64)
+    kdata = np.empty(nbytes + 16, np.uint8)
+    n = 0
+    for b in range(meta.shape[0]):
+        lo = n
+        for e in range(ent.shape[1]):
+            if ent[b, e, KEY] < 0:
+                continue
+            w = ent[b, e, WSTART]
+            if w == COUNTER or w > max_wstart:
+                continue
+            _copy_out(ent, arena, b, e, out, n, koff, kdata)
+            ent[b, e, KEY] = TOMB
+            bins[n] = b
+            slots[n] = e
+            n += 1
+        meta[b, N_LIVE] -= n - lo
+        meta[b, N_TOMB] += n - lo
+        free_runs(ent, meta, b, slots, lo, n)
+    return bins[:n], out[:, :n], koff[:n + 1], kdata[:koff[n]]
 
 
 @njit(nogil=True, cache=True)
@@ -364,11 +438,6 @@ class BinnedTable:
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.arrays)
 
-    @staticmethod
-    def key_spans(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(arena offsets, lengths) of keys given their KEY column."""
-        return key >> KEY_BITS, key & KEY_LEN
-
     def grow(self, entries: int = 0, arena_bytes: int = 0) -> None:
         """Make room for ``entries`` more entries and ``arena_bytes`` more bytes in every bin.
 
@@ -387,15 +456,31 @@ class BinnedTable:
             copy_bin(self.arrays, b, fresh.arrays, b, self.str_slots + ACC)
         self.arrays = fresh.arrays
 
+    def grow_for(self, pending: int, bytes_each: int) -> None:
+        """Make room for ``pending`` more entries of ``bytes_each`` arena bytes whose keys hash
+        evenly over the bins: one rebuild where doubling would take several.
+
+        Pending inserts of one batch repeat keys, so half of them is asked
+        for; a rebuild leaves the slots at most half full anyway.
+        """
+        entries = pending // (2 * self.n_bins) + 8
+        self.grow(entries, entries * bytes_each + 64)
+
     def delete(self, bins: np.ndarray, entries: np.ndarray) -> None:
         delete_entries(self.arrays, bins, entries)
 
-    def take(self, bins: np.ndarray, entries: np.ndarray) -> np.ndarray:
-        """Delete entries and return their columns as a (columns, n) array (floats: view as float64).
+    def take(self, bins: np.ndarray, entries: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Delete entries; returns their columns as a (columns, n) array (floats: view as float64)
+        and their key bytes (offsets, bytes).
 
-        Their arena bytes stay readable until the next :meth:`grow`.
+        Their string values stay readable in the arena until the next :meth:`grow`.
         """
         return take_entries(self.arrays, bins, entries)
+
+    def take_expired(self, max_wstart: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Delete the window entries starting at or before ``max_wstart``; returns their bins and
+        what :meth:`take` returns, in one pass over the table."""
+        return take_expired(self.arrays, max_wstart)
 
     def select(self, max_wstart: int = np.iinfo(np.int64).max, bin: int = -1, counters: bool = False):
         """(bins, entries) of live window entries starting at or before ``max_wstart``."""

@@ -14,7 +14,9 @@ The interface is what a consumer and a producer call (``send_data``,
 * :class:`LocalChannel` — a queue inside one process (``workers=0``);
 * :class:`RingWriter` / :class:`RingReader` — the two ends of a bounded
   shared-memory ring between processes. Batches travel as Arrow IPC record
-  batch messages (the schema once per port); a reader built with
+  batch messages (the schema once per port), written by Arrow straight into
+  the ring (serialised into a buffer first only when they must wait in the
+  backlog); a reader built with
   ``copy=False`` hands out batches that point into the ring itself (zero
   copy), valid until its next ``receive``. A full ring never drops anything:
   a writer keeps what does not fit in its *backlog* (already serialised) and
@@ -51,7 +53,7 @@ DATA, PROGRESS, SCHEMA, WRAP = 1, 2, 3, 4
 HEADER_BYTES = 256
 _W, _R, _READER_SLEEPS, _WRITER_SLEEPS, _CAP = 0, 8, 16, 24, 4  # int64 slots of the header
 _REC = struct.Struct("<ii")            # record: length (bytes, incl. this, padded to 8), kind
-_DATA = struct.Struct("<qqqii")        # epoch, frontier, arrival ns, port, body length
+_DATA = struct.Struct("<qqqiiii")      # epoch, frontier, arrival ns, port, body length, bytes before the body, 0
 _PROGRESS = struct.Struct("<qqqq")     # epoch, frontier, watermark, arrival ns
 _SCHEMA = struct.Struct("<ii")         # port, body length
 DEFAULT_CAPACITY = 16 << 20  # a message takes up to 1/4 of it: ~20K HiBench records, so per-message costs stay small
@@ -256,6 +258,7 @@ class RingWriter(Channel):
         self.backlog: deque = deque()
         self._backlog_bytes = 0
         self.schemas: dict[int, pa.Schema] = {}
+        self._skip: dict[int, int] = {}  # per port: bytes of the schema message a stream writer puts first
         self.bytes_out = 0
 
     # --- sending ---------------------------------------------------------------------------
@@ -264,7 +267,8 @@ class RingWriter(Channel):
         if schema is None or (schema is not batch.schema and not schema.equals(batch.schema)):
             self.schemas[port] = batch.schema
             body = batch.schema.serialize()
-            self._put(SCHEMA, _SCHEMA.pack(port, body.size), body)
+            self._skip[port] = body.size
+            self._put(SCHEMA, _SCHEMA.pack(port, body.size), body, body.size)
         limit = self.ring.max_record - 4096
         if batch.nbytes > limit // 2 and batch.num_rows > 1:  # cut into slices that fit a record
             rows = max(1, int(batch.num_rows * (limit // 2) / batch.nbytes))
@@ -274,25 +278,33 @@ class RingWriter(Channel):
             self._send_batch(port, stamp, batch, limit)
 
     def _send_batch(self, port, stamp, batch, limit):
-        body = batch.serialize()
-        if body.size > limit and batch.num_rows > 1:
+        size = pa.ipc.get_record_batch_size(batch)
+        if size > limit and batch.num_rows > 1:
             half = batch.num_rows // 2
             self._send_batch(port, stamp, batch.slice(0, half), limit)
             self._send_batch(port, stamp, batch.slice(half), limit)
             return
-        self._put(DATA, _DATA.pack(stamp[0], stamp[1], stamp[2], port, body.size), body)
+        # written in place by an Arrow stream writer: the schema message, the batch, end of stream
+        skip = self._skip[port]
+        self._put(DATA, _DATA.pack(stamp[0], stamp[1], stamp[2], port, size, skip, 0), batch, skip + size + 8)
 
     def send_progress(self, epoch, frontier, watermark, arrival):
-        self._put(PROGRESS, _PROGRESS.pack(epoch, frontier, watermark, arrival), None)
+        self._put(PROGRESS, _PROGRESS.pack(epoch, frontier, watermark, arrival), None, 0)
 
-    def _put(self, kind: int, head: bytes, body) -> None:
-        size = _REC.size + len(head) + (body.size if body is not None else 0)
+    def _put(self, kind: int, head: bytes, body, body_size: int) -> None:
+        """Queue a record whose ``body`` is a Buffer, a RecordBatch (written in place) or None."""
+        size = _REC.size + len(head) + body_size
         need = (size + 7) & ~7
         if need > self.ring.max_record:
             raise EngineError(f"a message of {size} bytes does not fit ring {self.ring.path} "
                               f"({self.ring.capacity} bytes; at most half of it per message); "
                               "a single row this large needs a larger ring_bytes", "RING_RECORD")
         if self.backlog or not self._try_put(kind, head, body, need):
+            if isinstance(body, pa.RecordBatch):  # it may point into an input ring: copy it now
+                epoch, frontier, arrival, port, size, _, _ = _DATA.unpack(head)
+                body = body.serialize()
+                head = _DATA.pack(epoch, frontier, arrival, port, size, 0, 0)
+                need = (_REC.size + len(head) + size + 7) & ~7
             self.backlog.append((kind, head, body, need))
             self._backlog_bytes += need
 
@@ -313,8 +325,10 @@ class RingWriter(Channel):
         _REC.pack_into(ring.view, pos, need, kind)
         at = pos + _REC.size
         ring.view[at:at + len(head)] = head
-        if body is not None:
-            at += len(head)
+        at += len(head)
+        if isinstance(body, pa.RecordBatch):
+            self._write_batch(body, head, at, pos + need)
+        elif body is not None:
             ring.bytes[at:at + body.size] = np.frombuffer(body, np.uint8)
         self.w = w + need
         ring.head[_W] = self.w
@@ -322,6 +336,17 @@ class RingWriter(Channel):
         if ring.head[_READER_SLEEPS] and ring.peer is not None:
             ring.peer.ring()
         return True
+
+    def _write_batch(self, batch: pa.RecordBatch, head: bytes, start: int, end: int) -> None:
+        """Let Arrow write ``batch`` as a one-batch stream into ``ring[start:end]`` (no copy in between)."""
+        sink = pa.FixedSizeBufferWriter(pa.py_buffer(self.ring.view[start:end]))
+        writer = pa.ipc.new_stream(sink, batch.schema)
+        writer.write_batch(batch)
+        writer.close()
+        _, _, _, _, size, skip, _ = _DATA.unpack(head)
+        if sink.tell() != skip + size + 8:
+            raise EngineError(f"ring {self.ring.path}: a batch took {sink.tell()} bytes in place, "
+                              f"{skip + size + 8} expected (dictionary columns are not supported)", "RING")
 
     def flush(self) -> bool:
         while self.backlog:
@@ -432,8 +457,8 @@ class RingReader(Channel):
                 continue
             if kind != DATA:
                 raise EngineError(f"ring {ring.path}: unknown record kind {kind} at {r}", "RING")
-            epoch, frontier, arrival, port, size = _DATA.unpack_from(ring.view, at)
-            at += _DATA.size
+            epoch, frontier, arrival, port, size, skip, _ = _DATA.unpack_from(ring.view, at)
+            at += _DATA.size + skip
             body = ring.bytes[at:at + size]
             if self.copy:
                 body = body.copy()

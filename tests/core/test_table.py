@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkcep.core.hashing import hash_key
-from sparkcep.core.table import ACC, WSTART, BinnedTable, find_or_insert, room
+from sparkcep.core.table import ACC, KEY, KEY_BITS, KEY_LEN, WSTART, BinnedTable, find_or_insert, room
 
 BINS = 2
 KEYS = [b"", b"a", b"b", b"abcdefghijklmnopq", b"abcdefghijklmnopr", b"1.2.3.4", b"\x00", b"\x00\x00"] + \
@@ -15,6 +15,7 @@ KEYS = [b"", b"a", b"b", b"abcdefghijklmnopq", b"abcdefghijklmnopr", b"1.2.3.4",
 op = st.one_of(
     st.tuples(st.just("add"), st.integers(0, BINS - 1), st.sampled_from(KEYS), st.integers(0, 5)),
     st.tuples(st.just("fire"), st.integers(0, 5)),
+    st.tuples(st.just("take"), st.integers(0, 5)),
     st.tuples(st.just("move"), st.integers(0, BINS - 1), st.integers(0, BINS - 1)),
     st.tuples(st.just("grow"),),
 )
@@ -35,7 +36,7 @@ def add(table, b, key, w):
 def contents(table):
     b, e = table.select()
     rows = table.ent[b, e]
-    offs, lens = table.key_spans(rows[:, 3])
+    offs, lens = rows[:, KEY] >> KEY_BITS, rows[:, KEY] & KEY_LEN
     return {(int(bb), bytes(table.arena[bb, o:o + n]), int(r[WSTART])): int(r[ACC])
             for bb, o, n, r in zip(b, offs, lens, rows)}
 
@@ -49,11 +50,16 @@ def test_table_matches_a_dict(ops):
             _, b, key, w = o
             add(table, b, key, w)
             ref[(b, key, w)] = ref.get((b, key, w), 0) + 1
-        elif o[0] == "fire":
-            b, e = table.select(max_wstart=o[1])
-            rows = table.take(b, e)
-            fired = {k: v for k, v in ref.items() if k[2] <= o[1]}
-            assert sorted(rows[ACC]) == sorted(fired.values())
+        elif o[0] in ("fire", "take"):  # one pass over the table, or chosen entries
+            if o[0] == "fire":
+                b, rows, koff, kdata = table.take_expired(o[1])
+            else:
+                b, e = table.select(max_wstart=o[1])
+                rows, koff, kdata = table.take(b, e)
+            got = {(int(b[j]), bytes(kdata[koff[j]:koff[j + 1]]), int(rows[WSTART, j])): int(rows[ACC, j])
+                   for j in range(len(b))}
+            assert len(got) == len(b)
+            assert got == {k: v for k, v in ref.items() if k[2] <= o[1]}
             ref = {k: v for k, v in ref.items() if k[2] > o[1]}
         elif o[0] == "move":
             _, src, dst = o
@@ -76,7 +82,7 @@ def test_firing_a_window_keeps_the_probe_chains_of_the_next():
         for k in keys:
             add(table, 0, k, w)
     assert table.ent.shape[1] == 128  # 60 entries in 128 slots: runs of several entries
-    table.take(*table.select(max_wstart=0))
+    table.take_expired(0)
     for k in keys:
         add(table, 0, k, 1)
     assert contents(table) == {(0, k, 1): 2 for k in keys}
