@@ -8,6 +8,8 @@ first/last ties come out the same in every deployment.
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import numpy as np
 import pyarrow as pa
 from numba import njit
@@ -102,6 +104,7 @@ def _put_string(acc_i, arena, meta, b, e, si, sdata, s0, n):
     acc_i[b, e, si + 1] = n
 
 
+FIRE_ROWS = 8192  # a fire yields batches of about this many rows
 TS_SLOT = ACC  # tuple windows: the int slot before the functions' holds the window's largest event time
 GROUP = 256  # tuples whose first probe is touched before any of them is processed
 
@@ -425,20 +428,27 @@ class WindowAggregate:
         n = len(koff) - 1
         self.table.grow_for(pending, (int(koff[-1] - koff[0]) + int(rowstr.sum())) // max(n, 1) + 1)
 
-    def fire(self, watermark: int | None) -> list[pa.RecordBatch]:
-        """Emit and drop the time windows ending at or before ``watermark - lateness`` (None: all)."""
+    def fire(self, watermark: int | None) -> Iterator[pa.RecordBatch]:
+        """Emit and drop the time windows ending at or before ``watermark - lateness`` (None: all).
+
+        Yields one batch per range of bins holding about ``FIRE_ROWS`` entries,
+        so the first rows leave while the rest are taken out; consume it whole.
+        """
         if self.tuple_window or self.lowest_start is None:
-            return []
+            return
         w = self.window
         if watermark is None:
             limit = np.iinfo(np.int64).max
         else:
             limit = watermark - w.lateness_us - w.size_us
             if limit < self.lowest_start:
-                return []
-        b, rows, koff, kdata = self.table.take_expired(limit)
+                return
         self.lowest_start = None if watermark is None else (limit // w.advance_us + 1) * w.advance_us
-        return self._emit(b, rows, koff, kdata, None) if len(b) else []
+        step = max(1, self.bins * FIRE_ROWS // max(self.table.n_live, 1))
+        for lo in range(0, self.bins, step):
+            b, rows, koff, kdata = self.table.take_expired(limit, lo, min(self.bins, lo + step))
+            if len(b):
+                yield from self._emit(b, rows, koff, kdata, None)
 
     def _emit(self, b: np.ndarray, rows: np.ndarray, koff: np.ndarray, kdata: np.ndarray,
               wm: np.ndarray | None) -> list[pa.RecordBatch]:

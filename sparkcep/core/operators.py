@@ -8,6 +8,8 @@ their results never depend on arrival order.
 
 from __future__ import annotations
 
+from typing import Iterable
+
 import numpy as np
 import pyarrow as pa
 
@@ -33,7 +35,7 @@ class PhysicalOperator:
     def process(self, port: int, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
         raise NotImplementedError
 
-    def advance(self, frontier: int, watermark: int) -> list[pa.RecordBatch]:
+    def advance(self, frontier: int, watermark: int) -> Iterable[pa.RecordBatch]:
         """Progress: every row with sequence number <= ``frontier`` has arrived."""
         return []
 
@@ -100,13 +102,13 @@ class StatefulOp(PhysicalOperator):
         return []
 
     def advance(self, frontier, watermark):
-        out = []
+        """Yields what consuming the input up to ``frontier`` and firing at ``watermark`` emits."""
         for port, batches in enumerate(self.pending):
             if batches:
                 ready, self.pending[port] = _take_ready(batches, frontier)
                 if ready is not None:
-                    out += self.consume(port, ready)
-        return out + self.fire(None if watermark >= WM_END else watermark)
+                    yield from self.consume(port, ready)
+        yield from self.fire(None if watermark >= WM_END else watermark)
 
     def consume(self, port: int, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
         raise NotImplementedError

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import pyarrow as pa
 
 from sparkcep.core.operators import PhysicalOperator, StatefulOp, physical
@@ -37,13 +39,16 @@ class SubQueryInstance:
         self._push(edge.dst.name, edge.port, batch, out)
         return out
 
-    def advance(self, frontier: int, watermark: int) -> list[tuple[str, pa.RecordBatch]]:
-        """Progress to (``frontier``, ``watermark``); a stateful head consumes and fires."""
-        out: list[tuple[str, pa.RecordBatch]] = []
+    def advance(self, frontier: int, watermark: int) -> Iterator[tuple[str, pa.RecordBatch]]:
+        """Progress to (``frontier``, ``watermark``); a stateful head consumes and fires.
+
+        Yields (exiting operator, batch) pairs as they are produced.
+        """
         name = self.sq.head.name
         for b in self.head.advance(frontier, watermark):
+            out: list[tuple[str, pa.RecordBatch]] = []
             self._emit(name, b, out)
-        return out
+            yield from out
 
     def output_watermark(self, watermark: int) -> int:
         return self.head.output_watermark(watermark)

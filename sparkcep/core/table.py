@@ -222,12 +222,12 @@ def take_entries(T, bins, entries):
 
 
 @njit(nogil=True, cache=True)
-def take_expired(T, max_wstart):
-    """Take out every window entry starting at or before ``max_wstart`` in one pass over the table,
-    bin by bin in slot order: (their bins, columns, key offsets, key bytes), as :func:`take_entries`."""
+def take_expired(T, max_wstart, lo, hi):
+    """Take out every window entry of bins ``[lo, hi)`` starting at or before ``max_wstart``, in one
+    pass, bin by bin in slot order: (their bins, columns, key offsets, key bytes), as :func:`take_entries`."""
     ent, arena, meta = T
     cap = nbytes = 0
-    for b in range(meta.shape[0]):
+    for b in range(lo, hi):
         cap += meta[b, N_LIVE]
         nbytes += meta[b, ARENA_USED]
     bins = np.empty(cap, np.int64)
@@ -236,8 +236,8 @@ def take_expired(T, max_wstart):
     koff = np.zeros(cap + 1, np.int64)
     kdata = np.empty(nbytes + 16, np.uint8)
     n = 0
-    for b in range(meta.shape[0]):
-        lo = n
+    for b in range(lo, hi):
+        first = n
         for e in range(ent.shape[1]):
             if ent[b, e, KEY] < 0:
                 continue
@@ -249,9 +249,9 @@ def take_expired(T, max_wstart):
             bins[n] = b
             slots[n] = e
             n += 1
-        meta[b, N_LIVE] -= n - lo
-        meta[b, N_TOMB] += n - lo
-        free_runs(ent, meta, b, slots, lo, n)
+        meta[b, N_LIVE] -= n - first
+        meta[b, N_TOMB] += n - first
+        free_runs(ent, meta, b, slots, first, n)
     return bins[:n], out[:, :n], koff[:n + 1], kdata[:koff[n]]
 
 
@@ -477,10 +477,10 @@ class BinnedTable:
         """
         return take_entries(self.arrays, bins, entries)
 
-    def take_expired(self, max_wstart: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Delete the window entries starting at or before ``max_wstart``; returns their bins and
-        what :meth:`take` returns, in one pass over the table."""
-        return take_expired(self.arrays, max_wstart)
+    def take_expired(self, max_wstart: int, lo: int = 0, hi: int | None = None):
+        """Delete the window entries of bins ``[lo, hi)`` starting at or before ``max_wstart``;
+        returns their bins and what :meth:`take` returns, in one pass over those bins."""
+        return take_expired(self.arrays, max_wstart, lo, self.n_bins if hi is None else hi)
 
     def select(self, max_wstart: int = np.iinfo(np.int64).max, bin: int = -1, counters: bool = False):
         """(bins, entries) of live window entries starting at or before ``max_wstart``."""

@@ -105,8 +105,9 @@ class Router:
     def send(self, name: str, batch: pa.RecordBatch, stamp: tuple[int, int, int]) -> None:
         """Route ``batch`` leaving operator ``name``; ``stamp``: (epoch, frontier, arrival ns)."""
         for port, balancer, targets in self.routes.get(name, ()):
-            if balancer is None:
-                targets[0].send_data(port, stamp, batch)
+            if balancer is None:  # a query output: the engine's sink reads no event times
+                targets[0].send_data(port, stamp, batch.drop_columns([c for c in (columns.TS, columns.WM)
+                                                                      if c in batch.schema.names]))
             else:
                 for i, part in balancer.split(batch):
                     if part.num_rows:

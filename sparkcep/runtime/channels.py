@@ -253,6 +253,7 @@ class RingWriter(Channel):
 
     def __init__(self, path: str, reader_bell: Doorbell | None, writer_bell: Doorbell | None = None):
         self.ring = _Ring(path, reader_bell)
+        self.touched = False  # pages mapped in this process (at the first write: the reader touched first)
         self.writer_bell = writer_bell  # ours: the reader rings it when it frees space we wait for
         self.w = int(self.ring.head[_W])
         self.backlog: deque = deque()
@@ -310,6 +311,9 @@ class RingWriter(Channel):
 
     def _try_put(self, kind: int, head: bytes, body, need: int) -> bool:
         ring = self.ring
+        if not self.touched:  # map every page now, not one fault at a time while writing
+            ring.touch()
+            self.touched = True
         cap, w = ring.capacity, self.w
         free = cap - (w - int(ring.head[_R]))
         pos = w & (cap - 1)

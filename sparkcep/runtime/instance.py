@@ -113,11 +113,10 @@ class InstanceRunner:
             self.counters.epoch = epoch
 
     def _emit(self, outs, stamp) -> None:
-        if not outs:
-            return
-        now = time.monotonic_ns()
+        """Send (operator, batch) pairs as ``outs`` yields them."""
         rows_out = self.counters.rows_out
         for name, batch in outs:
+            now = time.monotonic_ns()
             rows_out[name] = rows_out.get(name, 0) + batch.num_rows
             hist = self.counters.latency.get(name)
             if hist is None:

@@ -260,3 +260,23 @@ def test_many_groups_over_several_batches_grow_the_state(window, bins, chunk):
     q = agg_query(window, funcs=funcs, schema=schema)
     want, _ = ref.aggregate(stamped(q, sends)["ev"], window, ["k"], funcs)
     assert_same_rows(run(q, sends, bins=bins).outputs["out"], want)
+
+
+def test_a_large_fire_leaves_in_several_batches_with_every_window():
+    """Firing 20K windows yields batches of a few thousand rows (ranges of bins) that together are
+    exactly the reference's windows, string maxima included."""
+    from sparkcep.core.aggregate import FIRE_ROWS
+    n = 20_000
+    funcs = [("n", "count", None), ("lo", "min", "v"), ("hi", "max", "s")]
+    rows = [row(f"10.0.{i % 251}.{i}", (i % 7) * 0.5, v=i, s=f"s{i % 13}") for i in range(n)]
+    rows += [row(f"10.0.{i % 251}.{i}", 3.0, v=-i, s="a") for i in range(0, n, 3)]
+    sends = [("ev", rows), ("ev", [row("closer", 25)])]
+    batches = []
+    with cep.Engine.local() as e:
+        e.deploy(agg_query(ref.Time(10 * S), funcs=funcs))
+        e.subscribe("out", batches.append)
+        for _, rs in sends:
+            e.send("ev", table(rs, EV))
+        assert len(batches) >= n // FIRE_ROWS and max(b.num_rows for b in batches) < n
+        assert sum(b.num_rows for b in batches) == n
+    check(ref.Time(10 * S), sends, funcs=funcs)

@@ -70,9 +70,9 @@ def drive(logical_op, ports, keys, batches, move_after, moved, streams):
         frontier = int(batch.column(columns.SEQ).to_numpy().max())
         wm = min(seen.values())
         for op in (a, b):
-            out += op.advance(frontier, wm)
+            out += list(op.advance(frontier, wm))
     for op in (a, b):
-        out += op.advance(1 << 62, WM_END)
+        out += list(op.advance(1 << 62, WM_END))
     names = logical_op.schema.names
     return plain(pa.Table.from_batches([o.select(names) for o in out if o.num_rows],
                                        schema=logical_op.schema.to_arrow()))
@@ -128,11 +128,11 @@ def test_extract_empties_an_instance_and_install_continues_tuple_positions():
     rows, more = events(50, rng), events(40, rng)
     st, [(_, first), (_, second)] = stamp_batches([("ev", rows), ("ev", more)], {"ev": "ts"}, {"ev": EVENTS})
     a, b = physical(logical_op, BINS), physical(logical_op, BINS)
-    out = a.process(0, first) + a.advance(49, WM_NONE)
+    out = a.process(0, first) + list(a.advance(49, WM_NONE))
     for bn in range(BINS):
         b.install(bn, a.extract(bn))
-    assert a.advance(49, WM_END) == []  # every bin left A
-    out += b.process(0, second) + b.advance(89, WM_END)
+    assert list(a.advance(49, WM_END)) == []  # every bin left A
+    out += b.process(0, second) + list(b.advance(89, WM_END))
     names = logical_op.schema.names
     got = plain(pa.Table.from_batches([o.select(names) for o in out], schema=logical_op.schema.to_arrow()))
     want, _ = ref.aggregate(st["ev"], ref.Tuples(3), ["k"], [("n", "count", None), ("l", "last", "v")])
