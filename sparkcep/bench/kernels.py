@@ -122,6 +122,28 @@ def locate(rows, K, T, entries):
                             koff[r + 1] - ks)
 
 
+@njit(nogil=True, cache=True)
+def counts_by_last_row(ent, touched_b, touched_e, nt, n):
+    """(last row, count) of the ``nt`` entries a batch of ``n`` rows touched, in last-row order
+    (a counting sort: last rows are distinct); restores their counts."""
+    at = np.full(n, -1, np.int64)
+    counts = np.empty(nt, np.int64)
+    for t in range(nt):
+        b, e = touched_b[t], touched_e[t]
+        counts[t] = -ent[b, e, COUNT] - 1
+        ent[b, e, COUNT] = counts[t]
+        at[ent[b, e, LAST]] = t
+    last = np.empty(nt, np.int64)
+    count = np.empty(nt, np.int64)
+    j = 0
+    for r in range(n):
+        if at[r] >= 0:
+            last[j] = r
+            count[j] = counts[at[r]]
+            j += 1
+    return last, count
+
+
 def running_count(table: BinnedTable, K) -> tuple[np.ndarray, np.ndarray]:
     """Count every row of a batch under its key; returns (last row, count now) of each key the batch
     holds, ordered by last row. ``K``: the batch's (hashes, words, words, key offsets, key bytes, bins)."""
@@ -137,9 +159,4 @@ def running_count(table: BinnedTable, K) -> tuple[np.ndarray, np.ndarray]:
         koff = K[3]
         table.grow_for(m - pos, int(koff[-1] - koff[0]) // n + 1)
         locate(rows, K, table.arrays, touched_e)
-    ent = table.ent
-    b, e = touched_b[:nt], touched_e[:nt]
-    last, count = ent[b, e, LAST], -ent[b, e, COUNT] - 1
-    ent[b, e, COUNT] = count
-    order = np.argsort(last, kind="stable")
-    return last[order], count[order]
+    return counts_by_last_row(table.ent, touched_b, touched_e, nt, n)

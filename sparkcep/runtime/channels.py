@@ -253,7 +253,7 @@ class RingWriter(Channel):
 
     def __init__(self, path: str, reader_bell: Doorbell | None, writer_bell: Doorbell | None = None):
         self.ring = _Ring(path, reader_bell)
-        self.touched = False  # pages mapped in this process (at the first write: the reader touched first)
+        self.touched = False  # pages mapped in this process; see map_pages
         self.writer_bell = writer_bell  # ours: the reader rings it when it frees space we wait for
         self.w = int(self.ring.head[_W])
         self.backlog: deque = deque()
@@ -311,9 +311,8 @@ class RingWriter(Channel):
 
     def _try_put(self, kind: int, head: bytes, body, need: int) -> bool:
         ring = self.ring
-        if not self.touched:  # map every page now, not one fault at a time while writing
-            ring.touch()
-            self.touched = True
+        if not self.touched:
+            self.map_pages()
         cap, w = ring.capacity, self.w
         free = cap - (w - int(ring.head[_R]))
         pos = w & (cap - 1)
@@ -351,6 +350,15 @@ class RingWriter(Channel):
         if sink.tell() != skip + size + 8:
             raise EngineError(f"ring {self.ring.path}: a batch took {sink.tell()} bytes in place, "
                               f"{skip + size + 8} expected (dictionary columns are not supported)", "RING")
+
+    def map_pages(self) -> None:
+        """Map every page of the ring in this process now, not one fault at a time while writing.
+
+        Call it once the reader has touched them (first touch places a page
+        on the toucher's NUMA node); the first write does it otherwise.
+        """
+        self.ring.touch()
+        self.touched = True
 
     def flush(self) -> bool:
         while self.backlog:

@@ -8,7 +8,8 @@ take, answer the engine's control messages; when nothing moves, spin a
 moment, then sleep on its doorbell until a peer rings it.
 
 The engine talks to it over a pipe (control plane, pickled messages):
-``("deploy", id, spec)``, ``("undeploy", id, name)``, ``("metrics", id)``,
+``("deploy", id, spec)``, ``("map", id, name)`` (map the pages of its output rings, once every
+reader has touched its inputs), ``("undeploy", id, name)``, ``("metrics", id)``,
 ``("stop", id)``; it answers ``("ok", id, value)`` or ``("error", id, text)``
 and reports a failing instance as ``("failed", deployment, text)``. Data
 never goes through the pipe. It exits by itself when the pipe closes or its
@@ -173,6 +174,10 @@ class InstanceManager:
         try:
             if kind == "deploy":
                 value = self._deploy(msg[2])
+            elif kind == "map":
+                for w in self.hosted[msg[2]].writers:
+                    w.map_pages()
+                value = None
             elif kind == "undeploy":
                 value = self._undeploy(msg[2])
             elif kind == "metrics":

@@ -368,7 +368,10 @@ class WorkerDeployment(Deployment):
         self.sink = Sink(layout, self.logs, self.clock, sinks)
         self.hosts = sorted(set(self.assignment.values()))
         try:
-            pool.request_all(self.hosts, "deploy", spec)
+            pool.request_all(self.hosts, "deploy", spec)  # readers touch their rings first (NUMA placement)
+            pool.request_all(self.hosts, "map", self.id)
+            for w in self._source_channels.values():
+                w.map_pages()
         except BaseException:
             for i in self.hosts:
                 try:
