@@ -115,9 +115,9 @@ def parallelism(workload: str, instances: int) -> int:
 def warm_up(engine: cep.Engine, workload: str, instances: int) -> None:
     """Run ``workload`` briefly on ``engine``, untimed, then undeploy it: every instance manager
     compiles (or loads from numba's cache) the kernels the measured run will call, for the array
-    types it will call them with."""
+    types it will call them with, growing its tables included."""
     from sparkcep.bench.generator import UserVisits
-    gen = UserVisits(seed=1, distinct_ips=1000, cycle=1 << 16)
+    gen = UserVisits(seed=1, distinct_ips=20_000, cycle=1 << 16)
     engine.deploy(query(workload), parallelism=parallelism(workload, instances))
     try:
         for i in range(4):

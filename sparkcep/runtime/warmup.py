@@ -39,10 +39,13 @@ def warm_up() -> None:
         t0 = dt.datetime(2024, 1, 1)
         rows = {"k": ["a", None, "b", "a"], "g": [1, 2, None, 1], "v": [1, None, 3, 4], "x": [0.5, 1.0, None, 2.0],
                 "ts": [t0 + dt.timedelta(seconds=i) for i in range(4)]}
+        many = {"k": [f"key-{i}" for i in range(200)], "g": list(range(200)), "v": list(range(200)),
+                "x": [0.5] * 200, "ts": [t0] * 200}  # enough keys to grow the tables: rebuilds compile too
         with Engine(workers=0) as engine:
             engine.deploy(q, parallelism=2, bins=4)
             for stream in ("__warm_l", "__warm_r"):
                 engine.send(stream, rows)
+                engine.send(stream, many)
                 engine.send(stream, rows)
                 engine.end(stream)
         _done = True
