@@ -17,24 +17,24 @@ COUNT, LAST = ACC, ACC + 1  # int slots of a running-count entry (a third pads i
 
 @njit(nogil=True, cache=True)
 def first_field(offsets, data, sep):
-    """Offsets and bytes of each string's text before its first ``sep`` byte (all of it if none)."""
+    """Offsets and bytes of each string's text before its first ``sep`` byte (all of it if none).
+
+    One pass: bytes are copied while looking for ``sep``, into room for all of the input
+    (untouched pages of it are never faulted in).
+    """
     n = len(offsets) - 1
-    out_off = np.zeros(n + 1, np.int64)
-    ends = np.empty(n, np.int64)
+    out_off = np.empty(n + 1, np.int64)
+    out_off[0] = 0
+    out = np.empty(offsets[n] - offsets[0], np.uint8)
+    d = 0
     for i in range(n):
-        s, e = offsets[i], offsets[i + 1]
-        j = s
+        j, e = offsets[i], offsets[i + 1]
         while j < e and data[j] != sep:
+            out[d] = data[j]
+            d += 1
             j += 1
-        ends[i] = j
-        out_off[i + 1] = out_off[i] + j - s
-    out = np.empty(out_off[n], np.uint8)
-    for i in range(n):
-        s = offsets[i]
-        d = out_off[i]
-        for k in range(out_off[i + 1] - d):
-            out[d + k] = data[s + k]
-    return out_off, out
+        out_off[i + 1] = d
+    return out_off, out[:d]
 
 
 def parse_ip(values: pa.Array) -> pa.Array:
