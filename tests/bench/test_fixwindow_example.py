@@ -1,0 +1,19 @@
+"""The README's main job: ``examples/fixwindow.py`` runs on instance managers and reports
+results that add up to the records it sent."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_fixwindow_example_runs_on_two_workers():
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "fixwindow.py"), "--workers", "2",
+                          "--events", "40000", "--rate", "20000", "--ips", "500"],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "records/s" in out.stdout and "busiest IPs of any window" in out.stdout
+    counted = re.search(r"counts sum to ([\d,]+)", out.stdout)
+    assert counted and int(counted.group(1).replace(",", "")) == 40_000
