@@ -116,9 +116,9 @@ def decode_keys(offsets: np.ndarray, data: np.ndarray, fields: dict[str, str]) -
     """Arrow columns of the key ``fields`` of encoded keys ``data[offsets[i]:offsets[i+1]]``."""
     types = list(fields.values())
     if is_raw_key(types):
-        starts, lengths = offsets[:-1], np.diff(offsets)
-        valid = ~((lengths == 1) & (data[np.minimum(starts, max(len(data) - 1, 0))] == hashing.NULL_BYTE)) \
-            if len(data) else np.ones(len(starts), np.bool_)
+        one = np.diff(offsets) == 1  # a null is the one byte NULL_BYTE
+        valid = np.ones(len(one), np.bool_)
+        valid[one] = data[offsets[:-1][one]] != hashing.NULL_BYTE
         return [string_array(offsets, data, valid)]
     kinds = np.array([KIND_STRING if t == "string" else KIND_FIXED for t in types], np.int64)
     out = []

@@ -253,7 +253,6 @@ class RingWriter(Channel):
 
     def __init__(self, path: str, reader_bell: Doorbell | None, writer_bell: Doorbell | None = None):
         self.ring = _Ring(path, reader_bell)
-        self.touched = False  # pages mapped in this process; see map_pages
         self.writer_bell = writer_bell  # ours: the reader rings it when it frees space we wait for
         self.w = int(self.ring.head[_W])
         self.backlog: deque = deque()
@@ -311,8 +310,6 @@ class RingWriter(Channel):
 
     def _try_put(self, kind: int, head: bytes, body, need: int) -> bool:
         ring = self.ring
-        if not self.touched:
-            self.map_pages()
         cap, w = ring.capacity, self.w
         free = cap - (w - int(ring.head[_R]))
         pos = w & (cap - 1)
@@ -354,11 +351,10 @@ class RingWriter(Channel):
     def map_pages(self) -> None:
         """Map every page of the ring in this process now, not one fault at a time while writing.
 
-        Call it once the reader has touched them (first touch places a page
-        on the toucher's NUMA node); the first write does it otherwise.
+        Call it once the reader has touched them: first touch places a page
+        on the toucher's NUMA node. Unmapped pages still work, a fault each.
         """
         self.ring.touch()
-        self.touched = True
 
     def flush(self) -> bool:
         while self.backlog:

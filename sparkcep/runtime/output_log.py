@@ -61,22 +61,26 @@ class OutputLog:
         """Add ``batch`` (produced by instance ``partition``) at the end of that partition."""
         visible = batch.select(self.schema.names)
         if batch.num_rows:
-            if SEQ in batch.schema.names:
-                seq = batch.column(SEQ)
-            else:  # e.g. the metrics log: no engine sequence numbers
-                seq = pa.array(np.full(batch.num_rows, -1, np.int64))
-            stored = pa.RecordBatch.from_arrays(list(visible.columns) + [seq], schema=self._stored)
+            stored = self._stored_batch(batch, visible) if self.retain else None
             with self._lock:
                 part = self._parts.setdefault(partition, _Partition())
-                if self.retain:
+                if stored is not None:
                     part.starts.append(part.end)
                     part.batches.append(stored)
                 part.end += batch.num_rows
-                if not self.retain:
+                if stored is None:
                     part.base = part.end
                 self.rows += batch.num_rows
         for fn in self.subscribers:
             fn(visible)
+
+    def _stored_batch(self, batch: pa.RecordBatch, visible: pa.RecordBatch) -> pa.RecordBatch:
+        """The visible fields plus the engine sequence numbers (-1 where there are none, e.g. metrics)."""
+        if SEQ in batch.schema.names:
+            seq = batch.column(SEQ)
+        else:
+            seq = pa.array(np.full(batch.num_rows, -1, np.int64))
+        return pa.RecordBatch.from_arrays(list(visible.columns) + [seq], schema=self._stored)
 
     # --- reading -------------------------------------------------------------------
     def table(self) -> pa.Table:
