@@ -9,7 +9,7 @@ import pyarrow as pa
 from numba import njit
 
 from sparkcep.core import columns
-from sparkcep.core.table import ACC, BinnedTable, find_or_insert, lookup, room, slot_hash, touch
+from sparkcep.core.table import ACC, BinnedTable, find_or_insert, key_bytes, lookup, room, slot_hash, touch
 
 GROUP = 256  # rows whose first probe is touched before any of them is counted (see core.table.touch)
 COUNT, LAST = ACC, ACC + 1  # int slots of a running-count entry (a third pads it to 64 bytes)
@@ -103,7 +103,7 @@ def count_new(pos, m, misses, K, T, touched_b, touched_e, nt):
     for q in range(pos, m):
         r = misses[q]
         b = kbin[r]
-        if not room(ent, arena, meta, b, 1, koff[r + 1] - koff[r]):
+        if not room(ent, arena, meta, b, 1, key_bytes(koff[r + 1] - koff[r])):
             return q, nt
         e = find_or_insert(ent, arena, meta, b, khash[r], kw0[r], kw1[r], 0, kdata, koff[r], koff[r + 1])
         nt = _count(ent, b, e, r, touched_b, touched_e, nt)
@@ -156,7 +156,6 @@ def running_count(table: BinnedTable, K) -> tuple[np.ndarray, np.ndarray]:
         if pos == m:
             break
         rows = table.ent[touched_b[:nt], touched_e[:nt], LAST]  # a rebuild renumbers the entries
-        koff = K[3]
-        table.grow_for(m - pos, int(koff[-1] - koff[0]) // n + 1)
+        table.grow_for(m - pos, K[3])
         locate(rows, K, table.arrays, touched_e)
     return counts_by_last_row(table.ent, touched_b, touched_e, nt, n)

@@ -18,7 +18,7 @@ from sparkcep.core import columns
 from sparkcep.core.hashing import gather_binned, hash_words
 from sparkcep.core.strings import compare_bytes
 from sparkcep.core.table import (ACC, ARENA_USED, AUX, COUNTER, WSTART, BinnedTable, find_or_insert, insert,
-                                  lookup, room, slot_hash, touch)
+                                  key_bytes, lookup, room, slot_hash, touch)
 from sparkcep.query.aggregates import AggFunc
 from sparkcep.query.windows import TupleWindow
 from sparkcep.schema import TYPES, Schema
@@ -186,7 +186,7 @@ def insert_time(pos, m, miss_r, miss_s, K, ts, seq, rowstr, P, V, T):
         for q in range(g, ge):
             r, s = miss_r[q], miss_s[q]
             b = kbin[r]
-            if not room(ent, arena, meta, b, 1, koff[r + 1] - koff[r] + rowstr[r]):
+            if not room(ent, arena, meta, b, 1, key_bytes(koff[r + 1] - koff[r]) + rowstr[r]):
                 return q, touched
             e = find_or_insert(ent, arena, meta, b, khash[r], kw0[r], kw1[r], s, kdata, koff[r], koff[r + 1])
             if seq[r] > ent[b, e, AUX]:
@@ -211,7 +211,7 @@ def accumulate_tuples(pos, K, ts, wm, seq, size, adv, rowstr, P, V, T, ready_b, 
     for r in range(pos, n):
         b = kbin[r]
         ks, ke = koff[r], koff[r + 1]
-        if not room(ent, arena, meta, b, nwin, nwin * (ke - ks + rowstr[r])):
+        if not room(ent, arena, meta, b, nwin, nwin * (key_bytes(ke - ks) + rowstr[r])):
             return r
         c = find_or_insert(ent, arena, meta, b, khash[r], kw0[r], kw1[r], COUNTER, kdata, ks, ke)
         q = ent[b, c, AUX]
@@ -406,27 +406,23 @@ class WindowAggregate:
                     out += self._emit(ready_b[:m], *self.table.take(ready_b[:m], ready_e[:m]), ready_wm[:m])
                     nready[0] = 0
                 if pos < n:
-                    self._grow_for(n - pos, K, rowstr)
+                    self.table.grow_for(n - pos, K[3], int(rowstr.mean()))
             return out
         late = np.zeros(n, np.bool_)
         nwin = (w.size_us + w.advance_us - 1) // w.advance_us
         miss_r, miss_s = np.empty(n * nwin, np.int64), np.empty(n * nwin, np.int64)
+        if rowstr.any():  # a string min/max/first/last may append its value at every row it updates
+            self.table.reserve(K[5], rowstr * nwin)
         m, _ = accumulate_time(K, ts, wm, seq, w.size_us, w.advance_us, w.lateness_us, P, V,
                             self.table.kernel_state(), late, miss_r, miss_s)
         while pos < m:
             pos, _ = insert_time(pos, m, miss_r, miss_s, K, ts, seq, rowstr, P, V, self.table.kernel_state())
             if pos < m:
-                self._grow_for(m - pos, K, rowstr)
+                self.table.grow_for(m - pos, K[3], int(rowstr.mean()))
         self.late += int(late.sum())
         first = int(((ts.min() - w.size_us) // w.advance_us + 1) * w.advance_us)
         self.lowest_start = first if self.lowest_start is None else min(self.lowest_start, first)
         return []
-
-    def _grow_for(self, pending: int, K, rowstr) -> None:
-        """Room for ``pending`` more entries, each with the batch's average key and string bytes."""
-        koff = K[3]
-        n = len(koff) - 1
-        self.table.grow_for(pending, (int(koff[-1] - koff[0]) + int(rowstr.sum())) // max(n, 1) + 1)
 
     def fire(self, watermark: int | None) -> Iterator[pa.RecordBatch]:
         """Emit and drop the time windows ending at or before ``watermark - lateness`` (None: all).

@@ -3,7 +3,8 @@
 Every array has the bin (route-key bucket) as its first dimension: each bin
 is an open-addressing hash table whose slots *are* the entries, keyed by
 (encoded key bytes, window start), with accumulator columns after the key;
-key bytes and string values live in the bin's own arena. A bin's state is
+string values and the bytes of keys longer than 16 live in the bin's own
+arena. A bin's state is
 one slice of each array, so extracting and installing a bin — the interface
 migration and replication build on (DESIGN.md §5) — is a copy.
 
@@ -34,7 +35,7 @@ COUNTER = np.iinfo(np.int64).min  # window start of a per-group tuple counter en
 N_LIVE, N_TOMB, ARENA_USED = range(3)  # meta columns, per bin
 K0, K1, WSTART, KEY, AUX = range(5)  # entry columns, then the accumulators
 ACC = 5  # first accumulator column: int slots, then float slots (read through a float64 view)
-# K0, K1: the key's first 16 bytes, so short keys compare without reading the arena.
+# K0, K1: the key's first 16 bytes; a key of up to 16 bytes lives there alone, not in the arena.
 # KEY: the key's arena offset << KEY_BITS | its length (negative: EMPTY or TOMB).
 # AUX: counters: tuples seen; windows: the largest sequence number added.
 KEY_BITS = 24
@@ -51,6 +52,12 @@ def slot_hash(h, wstart):
     x *= np.uint64(0xBF58476D1CE4E5B9)
     x ^= x >> np.uint64(32)
     return np.int64(x)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def key_bytes(klen):
+    """Arena bytes a key of ``klen`` bytes takes: none up to 16, which K0 and K1 hold."""
+    return klen if klen > 16 else 0
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -107,7 +114,7 @@ def room(ent, arena, meta, b, entries, nbytes):
 @njit(nogil=True, cache=True, inline="always")
 def insert(ent, arena, meta, b, hw, w0, w1, wstart, kdata, ks, klen):
     """Add (key, wstart), known absent, to bin ``b``; its entry, or -1 when the bin is full."""
-    if not room(ent, arena, meta, b, 1, klen):
+    if not room(ent, arena, meta, b, 1, key_bytes(klen)):
         return -1
     mask = ent.shape[1] - 1
     i = hw & mask
@@ -116,9 +123,9 @@ def insert(ent, arena, meta, b, hw, w0, w1, wstart, kdata, ks, klen):
     if ent[b, i, KEY] == TOMB:
         meta[b, N_TOMB] -= 1
     o = meta[b, ARENA_USED]
-    for k in range(klen):
+    for k in range(key_bytes(klen)):
         arena[b, o + k] = kdata[ks + k]
-    meta[b, ARENA_USED] = o + klen
+    meta[b, ARENA_USED] = o + key_bytes(klen)
     meta[b, N_LIVE] += 1
     ent[b, i, K0] = w0
     ent[b, i, K1] = w1
@@ -180,6 +187,14 @@ def delete_entries(T, bins, entries):
 
 
 @njit(nogil=True, cache=True, inline="always")
+def _unpack_words(w0, w1, out, d):
+    """The 16 bytes of K0, K1 into ``out[d:d+16]``."""
+    for q in range(8):
+        out[d + q] = (w0 >> (8 * q)) & 255
+        out[d + 8 + q] = (w1 >> (8 * q)) & 255
+
+
+@njit(nogil=True, cache=True, inline="always")
 def _copy_out(ent, arena, b, e, out, j, koff, kdata):
     """Entry ``e`` of bin ``b`` into column ``j`` of ``out``, its key bytes after ``koff[j]``.
 
@@ -193,10 +208,7 @@ def _copy_out(ent, arena, b, e, out, j, koff, kdata):
     n = k & KEY_LEN
     d = koff[j]
     if n <= 16:
-        w0, w1 = ent[b, e, K0], ent[b, e, K1]
-        for q in range(8):
-            kdata[d + q] = (w0 >> (8 * q)) & 255
-            kdata[d + 8 + q] = (w1 >> (8 * q)) & 255
+        _unpack_words(ent[b, e, K0], ent[b, e, K1], kdata, d)
     else:
         o = k >> KEY_BITS
         for q in range(n):
@@ -229,7 +241,7 @@ def take_expired(T, max_wstart, lo, hi):
     cap = nbytes = 0
     for b in range(lo, hi):
         cap += meta[b, N_LIVE]
-        nbytes += meta[b, ARENA_USED]
+        nbytes += meta[b, ARENA_USED] + 16 * meta[b, N_LIVE]  # short keys are in K0, K1
     bins = np.empty(cap, np.int64)
     slots = np.empty(cap, np.int64)
     out = np.empty((ent.shape[2], cap), np.int64)
@@ -266,10 +278,10 @@ def compact_arena(T, arena, str_slots):
             if k < 0:
                 continue
             ks, n = k >> KEY_BITS, k & KEY_LEN
-            for j in range(n):
+            for j in range(key_bytes(n)):
                 arena[b, o + j] = old[b, ks + j]
             ent[b, e, KEY] = (o << KEY_BITS) | n
-            o += n
+            o += key_bytes(n)
             for q in range(len(str_slots)):
                 c = str_slots[q]
                 so, n = ent[b, e, c], ent[b, e, c + 1]
@@ -289,14 +301,19 @@ def copy_bin(S, sb, T, tb, str_slots):
     s_ent, s_arena, s_meta = S
     ent, arena, meta = T
     src = s_arena[sb]
+    short = np.empty(16, np.uint8)  # the bytes of a key K0, K1 hold alone
     for s in range(s_ent.shape[1]):
         k = s_ent[sb, s, KEY]
         if k < 0:
             continue
-        ks = k >> KEY_BITS
-        ke = ks + (k & KEY_LEN)
-        h, w0, w1 = hash_key(src, ks, ke)
-        e = find_or_insert(ent, arena, meta, tb, h, w0, w1, s_ent[sb, s, WSTART], src, ks, ke)
+        n = k & KEY_LEN
+        if n > 16:
+            key, ks = src, k >> KEY_BITS
+        else:
+            _unpack_words(s_ent[sb, s, K0], s_ent[sb, s, K1], short, 0)
+            key, ks = short, 0
+        h, w0, w1 = hash_key(key, ks, ks + n)
+        e = find_or_insert(ent, arena, meta, tb, h, w0, w1, s_ent[sb, s, WSTART], key, ks, ks + n)
         for c in range(AUX, ent.shape[2]):
             ent[tb, e, c] = s_ent[sb, s, c]
         for q in range(len(str_slots)):
@@ -321,7 +338,7 @@ def live_bytes(T, str_slots):
             k = ent[b, e, KEY]
             if k >= 0:
                 out[b, 0] += 1
-                out[b, 1] += k & KEY_LEN
+                out[b, 1] += key_bytes(k & KEY_LEN)
                 for q in range(len(str_slots)):
                     out[b, 1] += ent[b, e, str_slots[q] + 1]
     return out
@@ -456,15 +473,25 @@ class BinnedTable:
             copy_bin(self.arrays, b, fresh.arrays, b, self.str_slots + ACC)
         self.arrays = fresh.arrays
 
-    def grow_for(self, pending: int, bytes_each: int) -> None:
-        """Make room for ``pending`` more entries of ``bytes_each`` arena bytes whose keys hash
-        evenly over the bins: one rebuild where doubling would take several.
+    def grow_for(self, pending: int, key_offsets: np.ndarray, value_bytes: int = 0) -> None:
+        """Make room for ``pending`` more entries whose keys hash evenly over the bins: one rebuild
+        where doubling would take several.
 
-        Pending inserts of one batch repeat keys, so half of them is asked
-        for; a rebuild leaves the slots at most half full anyway.
+        Each takes the arena bytes of an average key of ``key_offsets`` (a
+        batch's encoded keys) plus ``value_bytes``. Pending inserts of one
+        batch repeat keys, so half of them is asked for; a rebuild leaves
+        the slots at most half full anyway.
         """
+        lengths = np.diff(key_offsets)
+        each = int(lengths[lengths > 16].sum()) // max(len(lengths), 1) + value_bytes + 1
         entries = pending // (2 * self.n_bins) + 8
-        self.grow(entries, entries * bytes_each + 64)
+        self.grow(entries, entries * each + 64)
+
+    def reserve(self, bins: np.ndarray, nbytes: np.ndarray) -> None:
+        """Make room for rows to append ``nbytes[i]`` arena bytes each to bin ``bins[i]``."""
+        need = np.bincount(bins, weights=nbytes, minlength=self.n_bins)
+        if (need > self.arena.shape[1] - self.meta[:, ARENA_USED]).any():
+            self.grow(0, int(need.max()))
 
     def delete(self, bins: np.ndarray, entries: np.ndarray) -> None:
         delete_entries(self.arrays, bins, entries)

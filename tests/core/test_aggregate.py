@@ -262,6 +262,15 @@ def test_many_groups_over_several_batches_grow_the_state(window, bins, chunk):
     assert_same_rows(run(q, sends, bins=bins).outputs["out"], want)
 
 
+def test_string_values_updated_by_many_batches_stay_in_their_bins_arena():
+    """Every row of an open window may append a string value (last, max) to its bin's arena; batches
+    after the window's first must make that room too, or values spill into the next bin's."""
+    funcs = [("l", "last", "s"), ("hi", "max", "s"), ("n", "count", None)]
+    sends = [("ev", [row(f"k{i % 40}", 1 + j * 0.01, s=f"{j:04d}-{i:03d}-" + "x" * 60) for i in range(200)])
+             for j in range(30)]
+    check(ref.Time(10 * S), sends, funcs=funcs)
+
+
 def test_a_large_fire_leaves_in_several_batches_with_every_window():
     """Firing 20K windows yields batches of a few thousand rows (ranges of bins) that together are
     exactly the reference's windows, string maxima included."""

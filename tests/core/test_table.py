@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkcep.core.hashing import hash_key
-from sparkcep.core.table import ACC, KEY, KEY_BITS, KEY_LEN, WSTART, BinnedTable, find_or_insert, room
+from sparkcep.core.table import ACC, K0, K1, KEY, KEY_BITS, KEY_LEN, WSTART, BinnedTable, find_or_insert, key_bytes, room
 
 BINS = 2
 KEYS = [b"", b"a", b"b", b"abcdefghijklmnopq", b"abcdefghijklmnopr", b"1.2.3.4", b"\x00", b"\x00\x00"] + \
@@ -25,20 +25,26 @@ def add(table, b, key, w):
     data = np.frombuffer(key, np.uint8) if key else np.zeros(0, np.uint8)
     h, w0, w1 = hash_key(data, 0, len(key))
     ent, arena, meta = table.arrays
-    if not room(ent, arena, meta, b, 1, len(key)):
-        table.grow(1, len(key))
+    if not room(ent, arena, meta, b, 1, key_bytes(len(key))):
+        table.grow(1, key_bytes(len(key)))
         ent, arena, meta = table.arrays
     e = find_or_insert(ent, arena, meta, b, np.uint64(h), np.int64(w0), np.int64(w1), np.int64(w), data, 0, len(key))
     assert e >= 0
     ent[b, e, ACC] += 1
 
 
+def stored_key(table, b, row) -> bytes:
+    """A key as the table holds it: up to 16 bytes in K0, K1 alone, longer ones in the bin's arena."""
+    n = int(row[KEY] & KEY_LEN)
+    if n <= 16:
+        return row[[K0, K1]].astype("<i8").tobytes()[:n]
+    o = int(row[KEY] >> KEY_BITS)
+    return bytes(table.arena[b, o:o + n])
+
+
 def contents(table):
     b, e = table.select()
-    rows = table.ent[b, e]
-    offs, lens = rows[:, KEY] >> KEY_BITS, rows[:, KEY] & KEY_LEN
-    return {(int(bb), bytes(table.arena[bb, o:o + n]), int(r[WSTART])): int(r[ACC])
-            for bb, o, n, r in zip(b, offs, lens, rows)}
+    return {(int(bb), stored_key(table, bb, r), int(r[WSTART])): int(r[ACC]) for bb, r in zip(b, table.ent[b, e])}
 
 
 @settings(max_examples=150, deadline=None)
