@@ -37,61 +37,87 @@ def _later(ts, seq, t0, s0):
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _update(acc_i, acc_f, arena, meta, b, e, r, ts, seq, ops, cols, sis, sfs,
-            vals_i, vals_f, valid, soff, slen, sdata):
-    """Apply every function of the aggregate to row ``r`` for entry ``e`` of bin ``b``.
+def _apply(acc_i, acc_f, arena, meta, rows, bins, entries, k, ts, seq, ops, cols, sis, sfs,
+           vals_i, vals_f, valid, soff, slen, sdata):
+    """Apply every function of the aggregate to rows ``rows[:k]``, row ``rows[q]`` to entry
+    ``entries[q]`` of bin ``bins[q]``, in that order.
 
-    ``acc_i``/``acc_f`` are the entry rows as int64/float64; ``sis``/``sfs`` their columns.
+    One function at a time over all the rows: the opcode is dispatched once
+    per group of rows, and each loop below is the whole per-row work of one
+    function. ``acc_i``/``acc_f`` are the entry rows as int64/float64;
+    ``sis``/``sfs`` their columns.
     """
     for j in range(len(ops)):
         op, c, si, sf = ops[j], cols[j], sis[j], sfs[j]
         if op == COUNT_ALL:
-            acc_i[b, e, si] += 1
-            continue
-        if not valid[c, r]:
-            continue
-        if op == COUNT:
-            acc_i[b, e, si] += 1
+            for q in range(k):
+                acc_i[bins[q], entries[q], si] += 1
+        elif op == COUNT:
+            for q in range(k):
+                acc_i[bins[q], entries[q], si] += valid[c, rows[q]]
         elif op == SUM_I:
-            acc_i[b, e, si] += vals_i[c, r]
-            acc_i[b, e, si + 1] += 1
+            for q in range(k):
+                r, b, e = rows[q], bins[q], entries[q]
+                if valid[c, r]:
+                    acc_i[b, e, si] += vals_i[c, r]
+                    acc_i[b, e, si + 1] += 1
         elif op == SUM_F:
-            acc_f[b, e, sf] += vals_f[c, r]
-            acc_i[b, e, si] += 1
+            for q in range(k):
+                r, b, e = rows[q], bins[q], entries[q]
+                if valid[c, r]:
+                    acc_f[b, e, sf] += vals_f[c, r]
+                    acc_i[b, e, si] += 1
         elif op == MIN_I or op == MAX_I:
-            v = vals_i[c, r]
-            if acc_i[b, e, si + 1] == 0 or (v < acc_i[b, e, si] if op == MIN_I else v > acc_i[b, e, si]):
-                acc_i[b, e, si] = v
-            acc_i[b, e, si + 1] += 1
+            lower = op == MIN_I
+            for q in range(k):
+                r, b, e = rows[q], bins[q], entries[q]
+                if valid[c, r]:
+                    v = vals_i[c, r]
+                    if acc_i[b, e, si + 1] == 0 or (v < acc_i[b, e, si] if lower else v > acc_i[b, e, si]):
+                        acc_i[b, e, si] = v
+                    acc_i[b, e, si + 1] += 1
         elif op == MIN_F or op == MAX_F:
-            v = vals_f[c, r]
-            if acc_i[b, e, si] == 0 or (v < acc_f[b, e, sf] if op == MIN_F else v > acc_f[b, e, sf]):
-                acc_f[b, e, sf] = v
-            acc_i[b, e, si] += 1
+            lower = op == MIN_F
+            for q in range(k):
+                r, b, e = rows[q], bins[q], entries[q]
+                if valid[c, r]:
+                    v = vals_f[c, r]
+                    if acc_i[b, e, si] == 0 or (v < acc_f[b, e, sf] if lower else v > acc_f[b, e, sf]):
+                        acc_f[b, e, sf] = v
+                    acc_i[b, e, si] += 1
         elif op == MIN_S or op == MAX_S:
-            s0, n = soff[c, r], slen[c, r]
-            better = acc_i[b, e, si + 2] == 0
-            if not better:
-                o = acc_i[b, e, si]
-                cmp = compare_bytes(sdata, s0, s0 + n, arena[b], o, o + acc_i[b, e, si + 1])
-                better = cmp < 0 if op == MIN_S else cmp > 0
-            if better:
-                _put_string(acc_i, arena, meta, b, e, si, sdata, s0, n)
-            acc_i[b, e, si + 2] += 1
+            for q in range(k):
+                r, b, e = rows[q], bins[q], entries[q]
+                if valid[c, r]:
+                    s0, n = soff[c, r], slen[c, r]
+                    better = acc_i[b, e, si + 2] == 0
+                    if not better:
+                        o = acc_i[b, e, si]
+                        cmp = compare_bytes(sdata, s0, s0 + n, arena[b], o, o + acc_i[b, e, si + 1])
+                        better = cmp < 0 if op == MIN_S else cmp > 0
+                    if better:
+                        _put_string(acc_i, arena, meta, b, e, si, sdata, s0, n)
+                    acc_i[b, e, si + 2] += 1
         elif op == FIRST or op == LAST:
-            newer = _later(ts[r], seq[r], acc_i[b, e, si], acc_i[b, e, si + 1])
-            if acc_i[b, e, si + 2] == 0 or (newer if op == LAST else not newer):
-                acc_i[b, e, si] = ts[r]
-                acc_i[b, e, si + 1] = seq[r]
-                acc_i[b, e, si + 2] = 1
-                acc_i[b, e, si + 3] = vals_i[c, r]
+            for q in range(k):
+                r, b, e = rows[q], bins[q], entries[q]
+                if valid[c, r]:
+                    newer = _later(ts[r], seq[r], acc_i[b, e, si], acc_i[b, e, si + 1])
+                    if acc_i[b, e, si + 2] == 0 or (newer if op == LAST else not newer):
+                        acc_i[b, e, si] = ts[r]
+                        acc_i[b, e, si + 1] = seq[r]
+                        acc_i[b, e, si + 2] = 1
+                        acc_i[b, e, si + 3] = vals_i[c, r]
         else:  # FIRST_S / LAST_S
-            newer = _later(ts[r], seq[r], acc_i[b, e, si + 2], acc_i[b, e, si + 3])
-            if acc_i[b, e, si + 4] == 0 or (newer if op == LAST_S else not newer):
-                _put_string(acc_i, arena, meta, b, e, si, sdata, soff[c, r], slen[c, r])
-                acc_i[b, e, si + 2] = ts[r]
-                acc_i[b, e, si + 3] = seq[r]
-                acc_i[b, e, si + 4] = 1
+            for q in range(k):
+                r, b, e = rows[q], bins[q], entries[q]
+                if valid[c, r]:
+                    newer = _later(ts[r], seq[r], acc_i[b, e, si + 2], acc_i[b, e, si + 3])
+                    if acc_i[b, e, si + 4] == 0 or (newer if op == LAST_S else not newer):
+                        _put_string(acc_i, arena, meta, b, e, si, sdata, soff[c, r], slen[c, r])
+                        acc_i[b, e, si + 2] = ts[r]
+                        acc_i[b, e, si + 3] = seq[r]
+                        acc_i[b, e, si + 4] = 1
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -119,8 +145,9 @@ def accumulate_time(K, ts, wm, seq, size, adv, lateness, P, V, T, late, miss_r, 
     registers (about 10x faster). An entry's rows are all hits or all misses
     within a batch, so each entry still sees its rows in sequence order.
     Rows go in groups of ``GROUP``: first every row's first slot is touched
-    (independent loads, so the cache misses overlap), then the rows are
-    processed; ``touched`` is returned only so the compiler keeps the loads.
+    (independent loads, so the cache misses overlap), then the rows' entries
+    are found, then :func:`_apply` updates them; ``touched`` is returned only
+    so the compiler keeps the loads.
     """
     khash, kw0, kw1, koff, kdata, kbin = K
     ops, cols, sis, sfs = P
@@ -131,6 +158,9 @@ def accumulate_time(K, ts, wm, seq, size, adv, lateness, P, V, T, late, miss_r, 
     n = len(ts)
     first_s = np.empty(GROUP, np.int64)  # per row of the group: start of its last window, and its slot hash
     first_h = np.empty(GROUP, np.int64)
+    nwin = (size + adv - 1) // adv
+    rows, bins, entries = np.empty(GROUP * nwin, np.int64), np.empty(GROUP * nwin, np.int64), \
+        np.empty(GROUP * nwin, np.int64)
     lo = hi = 0  # [lo, hi): event times whose last window starts at lo (rows mostly come in time order)
     for g in range(0, n, GROUP):
         ge = min(n, g + GROUP)
@@ -143,6 +173,7 @@ def accumulate_time(K, ts, wm, seq, size, adv, lateness, P, V, T, late, miss_r, 
             first_s[r - g] = lo
             first_h[r - g] = hw
             touched += touch(ent, kbin[r], hw)
+        k = 0
         for r in range(g, ge):
             b = kbin[r]
             t = ts[r]
@@ -157,8 +188,8 @@ def accumulate_time(K, ts, wm, seq, size, adv, lateness, P, V, T, late, miss_r, 
                     if e >= 0:
                         if seq[r] > ent[b, e, AUX]:
                             ent[b, e, AUX] = seq[r]
-                        _update(ent, entf, arena, meta, b, e, r, ts, seq, ops, cols, sis, sfs,
-                                vals_i, vals_f, valid, soff, slen, sdata)
+                        rows[k], bins[k], entries[k] = r, b, e
+                        k += 1
                     else:
                         miss_r[m] = r
                         miss_s[m] = s
@@ -167,6 +198,8 @@ def accumulate_time(K, ts, wm, seq, size, adv, lateness, P, V, T, late, miss_r, 
                     missed = True
                 s -= adv
             late[r] = missed
+        _apply(ent, entf, arena, meta, rows, bins, entries, k, ts, seq, ops, cols, sis, sfs,
+               vals_i, vals_f, valid, soff, slen, sdata)
     return m, touched
 
 
@@ -179,6 +212,7 @@ def insert_time(pos, m, miss_r, miss_s, K, ts, seq, rowstr, P, V, T):
     vals_i, vals_f, valid, soff, slen, sdata = V
     ent, entf, arena, meta = T
     touched = 0
+    rows, bins, entries = np.empty(1, np.int64), np.empty(1, np.int64), np.empty(1, np.int64)
     for g in range(pos, m, GROUP):
         ge = min(m, g + GROUP)
         for q in range(g, ge):
@@ -191,8 +225,9 @@ def insert_time(pos, m, miss_r, miss_s, K, ts, seq, rowstr, P, V, T):
             e = find_or_insert(ent, arena, meta, b, khash[r], kw0[r], kw1[r], s, kdata, koff[r], koff[r + 1])
             if seq[r] > ent[b, e, AUX]:
                 ent[b, e, AUX] = seq[r]
-            _update(ent, entf, arena, meta, b, e, r, ts, seq, ops, cols, sis, sfs,
-                    vals_i, vals_f, valid, soff, slen, sdata)
+            rows[0], bins[0], entries[0] = r, b, e  # one row at a time: the room above is for its values
+            _apply(ent, entf, arena, meta, rows, bins, entries, 1, ts, seq, ops, cols, sis, sfs,
+                   vals_i, vals_f, valid, soff, slen, sdata)
     return m, touched
 
 
@@ -208,6 +243,7 @@ def accumulate_tuples(pos, K, ts, wm, seq, size, adv, rowstr, P, V, T, ready_b, 
     ent, entf, arena, meta = T
     n = len(ts)
     nwin = (size + adv - 1) // adv + 1
+    rows, bins, entries = np.empty(nwin, np.int64), np.empty(nwin, np.int64), np.empty(nwin, np.int64)
     for r in range(pos, n):
         b = kbin[r]
         ks, ke = koff[r], koff[r + 1]
@@ -217,6 +253,7 @@ def accumulate_tuples(pos, K, ts, wm, seq, size, adv, rowstr, P, V, T, ready_b, 
         q = ent[b, c, AUX]
         ent[b, c, AUX] = q + 1
         k = q // adv
+        j = 0
         while k >= 0 and k * adv + size > q:
             w = k * adv
             hw = slot_hash(khash[r], w)
@@ -228,15 +265,18 @@ def accumulate_tuples(pos, K, ts, wm, seq, size, adv, rowstr, P, V, T, ready_b, 
                 ent[b, e, TS_SLOT] = ts[r]
             if seq[r] > ent[b, e, AUX]:
                 ent[b, e, AUX] = seq[r]
-            _update(ent, entf, arena, meta, b, e, r, ts, seq, ops, cols, sis, sfs,
-                    vals_i, vals_f, valid, soff, slen, sdata)
-            if q == w + size - 1:
+            rows[j], bins[j], entries[j] = r, b, e
+            j += 1
+            k -= 1
+        _apply(ent, entf, arena, meta, rows, bins, entries, j, ts, seq, ops, cols, sis, sfs,
+               vals_i, vals_f, valid, soff, slen, sdata)
+        for i in range(j):  # the windows this row filled
+            if q == ent[b, entries[i], WSTART] + size - 1:
                 m = nready[0]
                 ready_b[m] = b
-                ready_e[m] = e
+                ready_e[m] = entries[i]
                 ready_wm[m] = wm[r]
                 nready[0] = m + 1
-            k -= 1
     return n
 
 
@@ -406,19 +446,19 @@ class WindowAggregate:
                     out += self._emit(ready_b[:m], *self.table.take(ready_b[:m], ready_e[:m]), ready_wm[:m])
                     nready[0] = 0
                 if pos < n:
-                    self.table.grow_for(n - pos, K[3], int(rowstr.mean()))
+                    self.table.grow_for(n - pos, K[3], int(rowstr.max()))
             return out
         late = np.zeros(n, np.bool_)
         nwin = (w.size_us + w.advance_us - 1) // w.advance_us
         miss_r, miss_s = np.empty(n * nwin, np.int64), np.empty(n * nwin, np.int64)
-        if rowstr.any():  # a string min/max/first/last may append its value at every row it updates
+        if rowstr.any():  # pass 1 does not check room: a string min/max/first/last may append its value at every hit
             self.table.reserve(K[5], rowstr * nwin)
         m, _ = accumulate_time(K, ts, wm, seq, w.size_us, w.advance_us, w.lateness_us, P, V,
                             self.table.kernel_state(), late, miss_r, miss_s)
         while pos < m:
             pos, _ = insert_time(pos, m, miss_r, miss_s, K, ts, seq, rowstr, P, V, self.table.kernel_state())
             if pos < m:
-                self.table.grow_for(m - pos, K[3], int(rowstr.mean()))
+                self.table.grow_for(m - pos, K[3], int(rowstr.max()))
         self.late += int(late.sum())
         first = int(((ts.min() - w.size_us) // w.advance_us + 1) * w.advance_us)
         self.lowest_start = first if self.lowest_start is None else min(self.lowest_start, first)
