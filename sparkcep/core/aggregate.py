@@ -136,8 +136,9 @@ GROUP = 256  # tuples whose first probe is touched before any of them is process
 
 
 @njit(nogil=True, cache=True)
-def accumulate_time(K, ts, wm, seq, size, adv, lateness, P, V, T, late, miss_r, miss_s):
-    """Pass 1: add rows to their time windows that already have an entry; returns (misses, touched).
+def accumulate_time(K, ts, wm, seq, size, adv, lateness, P, V, T, miss_r, miss_s):
+    """Pass 1: add rows to their time windows that already have an entry; returns (misses, late rows,
+    touched).
 
     (row, window start) pairs whose entry does not exist yet go, in order, to
     ``miss_r``/``miss_s`` for :func:`insert_time`. This pass only reads the
@@ -153,7 +154,7 @@ def accumulate_time(K, ts, wm, seq, size, adv, lateness, P, V, T, late, miss_r, 
     ops, cols, sis, sfs = P
     vals_i, vals_f, valid, soff, slen, sdata = V
     ent, entf, arena, meta = T
-    m = 0
+    m = late = 0
     touched = 0
     n = len(ts)
     first_s = np.empty(GROUP, np.int64)  # per row of the group: start of its last window, and its slot hash
@@ -197,10 +198,10 @@ def accumulate_time(K, ts, wm, seq, size, adv, lateness, P, V, T, late, miss_r, 
                 else:
                     missed = True
                 s -= adv
-            late[r] = missed
+            late += missed
         _apply(ent, entf, arena, meta, rows, bins, entries, k, ts, seq, ops, cols, sis, sfs,
                vals_i, vals_f, valid, soff, slen, sdata)
-    return m, touched
+    return m, late, touched
 
 
 @njit(nogil=True, cache=True)
@@ -448,18 +449,17 @@ class WindowAggregate:
                 if pos < n:
                     self.table.grow_for(n - pos, K[3], int(rowstr.max()))
             return out
-        late = np.zeros(n, np.bool_)
         nwin = (w.size_us + w.advance_us - 1) // w.advance_us
         miss_r, miss_s = np.empty(n * nwin, np.int64), np.empty(n * nwin, np.int64)
         if rowstr.any():  # pass 1 does not check room: a string min/max/first/last may append its value at every hit
             self.table.reserve(K[5], rowstr * nwin)
-        m, _ = accumulate_time(K, ts, wm, seq, w.size_us, w.advance_us, w.lateness_us, P, V,
-                            self.table.kernel_state(), late, miss_r, miss_s)
+        m, late, _ = accumulate_time(K, ts, wm, seq, w.size_us, w.advance_us, w.lateness_us, P, V,
+                                     self.table.kernel_state(), miss_r, miss_s)
         while pos < m:
             pos, _ = insert_time(pos, m, miss_r, miss_s, K, ts, seq, rowstr, P, V, self.table.kernel_state())
             if pos < m:
                 self.table.grow_for(m - pos, K[3], int(rowstr.max()))
-        self.late += int(late.sum())
+        self.late += late
         first = int(((ts.min() - w.size_us) // w.advance_us + 1) * w.advance_us)
         self.lowest_start = first if self.lowest_start is None else min(self.lowest_start, first)
         return []

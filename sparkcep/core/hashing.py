@@ -50,6 +50,19 @@ def _load8(typingctx, data, i):
     return types.uint64(data, i), codegen
 
 
+@intrinsic
+def store8(typingctx, data, i, word):
+    """Write the 8 bytes of ``word`` (int64) at ``data[i:i+8]`` in one unaligned store (x86:
+    little-endian); the caller guarantees ``i + 8 <= len(data)``."""
+    def codegen(context, builder, sig, args):
+        arr = context.make_array(sig.args[0])(context, builder, args[0])
+        at = builder.gep(arr.data, [context.cast(builder, args[1], sig.args[1], types.intp)])
+        builder.store(context.cast(builder, args[2], sig.args[2], types.int64),
+                      builder.bitcast(at, ir.IntType(64).as_pointer()), align=1)
+        return context.get_dummy_value()
+    return types.void(data, i, word), codegen
+
+
 @njit(nogil=True, cache=True, inline="always")
 def _word(data, s, e):
     """The bytes data[s:e] (at most 8) packed little-endian into a uint64."""
