@@ -4,9 +4,9 @@ Every array has the bin (route-key bucket) as its first dimension: each bin
 is an open-addressing hash table whose slots *are* the entries, keyed by
 (encoded key bytes, window start), with accumulator columns after the key;
 string values and the bytes of keys longer than 16 live in the bin's own
-arena. A bin's state is
-one slice of each array, so extracting and installing a bin — the interface
-migration and replication build on (DESIGN.md §5) — is a copy.
+arena. A bin's state is one slice of each array, so extracting and
+installing a bin — the interface migration and replication build on
+(DESIGN.md §5) — is a copy.
 
 Why entries sit in the slots: on this hardware a random DRAM access costs
 ~140 ns and the HiBench-fixwindow state (100K keys) does not fit in cache,
@@ -202,9 +202,9 @@ def keys_out(rows, bins, arena):
     """Key bytes of entries copied out as ``rows`` (columns, n) from bins ``bins``: (offsets, bytes).
 
     A key of up to 16 bytes is all in K0, K1: their 16 bytes are written
-    without a length-dependent loop (``kdata`` has 16 bytes of slack; the
-    next key overwrites the excess). Longer keys come from the arena, so
-    call this before the next rebuild. A pass of its own: interleaved with
+    without a length-dependent loop (the bytes have 16 of slack; the next
+    key overwrites the excess). Longer keys come from the arena, so call
+    this before the next rebuild. A pass of its own: interleaved with
     the table scan, these byte stores made taking entries twice as slow.
     """
     n = rows.shape[1]
