@@ -11,7 +11,7 @@ from numba import njit
 from sparkcep.core import columns
 from sparkcep.core.table import ACC, BinnedTable, find_or_insert, key_bytes, lookup, room, slot_hash, touch
 
-GROUP = 256  # rows whose first probe is touched before any of them is counted (see core.table.touch)
+GROUP = 256  # rows whose first probes are prefetched before any of them is counted (see core.table.touch)
 COUNT, LAST = ACC, ACC + 1  # int slots of a running-count entry (a third pads it to 64 bytes)
 
 
@@ -71,19 +71,18 @@ def _count(ent, b, e, r, touched_b, touched_e, nt):
 
 @njit(nogil=True, cache=True)
 def count_known(K, T, misses, touched_b, touched_e):
-    """Pass 1: count the rows whose key has an entry (read-only probes, touched ahead in groups);
-    the others go, in order, to ``misses``. Returns (misses, entries touched, a sum of the
-    touched-ahead loads, returned only so the compiler keeps them)."""
+    """Pass 1: count the rows whose key has an entry (read-only probes, prefetched in groups);
+    the others go, in order, to ``misses``. Returns (misses, entries touched)."""
     khash, kw0, kw1, koff, kdata, kbin = K
     ent, arena, meta = T
-    m = nt = loads = 0
+    m = nt = 0
     first = np.empty(GROUP, np.int64)
     n = len(khash)
     for g in range(0, n, GROUP):
         ge = min(n, g + GROUP)
         for r in range(g, ge):
             first[r - g] = slot_hash(khash[r], 0)
-            loads += touch(ent, kbin[r], first[r - g])
+            touch(ent, kbin[r], first[r - g])
         for r in range(g, ge):
             b, ks = kbin[r], koff[r]
             e = lookup(ent, arena, b, first[r - g], 0, kw0[r], kw1[r], kdata, ks, koff[r + 1] - ks)
@@ -92,7 +91,7 @@ def count_known(K, T, misses, touched_b, touched_e):
             else:
                 misses[m] = r
                 m += 1
-    return m, nt, loads
+    return m, nt
 
 
 @njit(nogil=True, cache=True)
@@ -149,7 +148,7 @@ def running_count(table: BinnedTable, K) -> tuple[np.ndarray, np.ndarray]:
     holds, ordered by last row. ``K``: the batch's (hashes, words, words, key offsets, key bytes, bins)."""
     n = len(K[0])
     misses, touched_b, touched_e = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
-    m, nt, _ = count_known(K, table.arrays, misses, touched_b, touched_e)
+    m, nt = count_known(K, table.arrays, misses, touched_b, touched_e)
     pos = 0
     while True:
         pos, nt = count_new(pos, m, misses, K, table.arrays, touched_b, touched_e, nt)

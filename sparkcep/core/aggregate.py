@@ -137,25 +137,22 @@ GROUP = 256  # tuples whose first probe is touched before any of them is process
 
 @njit(nogil=True, cache=True)
 def accumulate_time(K, ts, wm, seq, size, adv, lateness, P, V, T, miss_r, miss_s):
-    """Pass 1: add rows to their time windows that already have an entry; returns (misses, late rows,
-    touched).
+    """Pass 1: add rows to their time windows that already have an entry; returns (misses, late rows).
 
     (row, window start) pairs whose entry does not exist yet go, in order, to
     ``miss_r``/``miss_s`` for :func:`insert_time`. This pass only reads the
     table's index: with no insert path in the loop, LLVM keeps the probe in
     registers (about 10x faster). An entry's rows are all hits or all misses
     within a batch, so each entry still sees its rows in sequence order.
-    Rows go in groups of ``GROUP``: first every row's first slot is touched
-    (independent loads, so the cache misses overlap), then the rows' entries
-    are found, then :func:`_apply` updates them; ``touched`` is returned only
-    so the compiler keeps the loads.
+    Rows go in groups of ``GROUP``: first every row's first slots are
+    prefetched (:func:`~sparkcep.core.table.touch`), then the rows' entries
+    are found, then :func:`_apply` updates them.
     """
     khash, kw0, kw1, koff, kdata, kbin = K
     ops, cols, sis, sfs = P
     vals_i, vals_f, valid, soff, slen, sdata = V
     ent, entf, arena, meta = T
     m = late = 0
-    touched = 0
     n = len(ts)
     first_s = np.empty(GROUP, np.int64)  # per row of the group: start of its last window, and its slot hash
     first_h = np.empty(GROUP, np.int64)
@@ -173,7 +170,7 @@ def accumulate_time(K, ts, wm, seq, size, adv, lateness, P, V, T, miss_r, miss_s
             hw = slot_hash(khash[r], lo)
             first_s[r - g] = lo
             first_h[r - g] = hw
-            touched += touch(ent, kbin[r], hw)
+            touch(ent, kbin[r], hw)
         k = 0
         for r in range(g, ge):
             b = kbin[r]
@@ -201,35 +198,48 @@ def accumulate_time(K, ts, wm, seq, size, adv, lateness, P, V, T, miss_r, miss_s
             late += missed
         _apply(ent, entf, arena, meta, rows, bins, entries, k, ts, seq, ops, cols, sis, sfs,
                vals_i, vals_f, valid, soff, slen, sdata)
-    return m, late, touched
+    return m, late
 
 
 @njit(nogil=True, cache=True)
 def insert_time(pos, m, miss_r, miss_s, K, ts, seq, rowstr, P, V, T):
-    """Pass 2: the deferred (row, window start) pairs, inserting entries, touched ahead in groups
-    like pass 1; returns (where it stopped for room, touched)."""
+    """Pass 2: the deferred (row, window start) pairs, inserting entries, in groups like pass 1;
+    returns where it stopped for room.
+
+    A row's values are applied with its group's, so the room a row is
+    checked for includes the string bytes of the rows before it in the
+    group (any bin: a bound, not a count); when that bound fails, those
+    rows are applied first and the row is checked alone.
+    """
     khash, kw0, kw1, koff, kdata, kbin = K
     ops, cols, sis, sfs = P
     vals_i, vals_f, valid, soff, slen, sdata = V
     ent, entf, arena, meta = T
-    touched = 0
-    rows, bins, entries = np.empty(1, np.int64), np.empty(1, np.int64), np.empty(1, np.int64)
+    rows, bins, entries = np.empty(GROUP, np.int64), np.empty(GROUP, np.int64), np.empty(GROUP, np.int64)
     for g in range(pos, m, GROUP):
         ge = min(m, g + GROUP)
         for q in range(g, ge):
-            touched += touch(ent, kbin[miss_r[q]], slot_hash(khash[miss_r[q]], miss_s[q]))
+            touch(ent, kbin[miss_r[q]], slot_hash(khash[miss_r[q]], miss_s[q]))
+        k = pending = 0
         for q in range(g, ge):
             r, s = miss_r[q], miss_s[q]
             b = kbin[r]
-            if not room(ent, arena, meta, b, 1, key_bytes(koff[r + 1] - koff[r]) + rowstr[r]):
-                return q, touched
+            need = key_bytes(koff[r + 1] - koff[r]) + rowstr[r]
+            if not room(ent, arena, meta, b, 1, need + pending):
+                _apply(ent, entf, arena, meta, rows, bins, entries, k, ts, seq, ops, cols, sis, sfs,
+                       vals_i, vals_f, valid, soff, slen, sdata)
+                k = pending = 0
+                if not room(ent, arena, meta, b, 1, need):
+                    return q
             e = find_or_insert(ent, arena, meta, b, khash[r], kw0[r], kw1[r], s, kdata, koff[r], koff[r + 1])
             if seq[r] > ent[b, e, AUX]:
                 ent[b, e, AUX] = seq[r]
-            rows[0], bins[0], entries[0] = r, b, e  # one row at a time: the room above is for its values
-            _apply(ent, entf, arena, meta, rows, bins, entries, 1, ts, seq, ops, cols, sis, sfs,
-                   vals_i, vals_f, valid, soff, slen, sdata)
-    return m, touched
+            rows[k], bins[k], entries[k] = r, b, e
+            k += 1
+            pending += rowstr[r]
+        _apply(ent, entf, arena, meta, rows, bins, entries, k, ts, seq, ops, cols, sis, sfs,
+               vals_i, vals_f, valid, soff, slen, sdata)
+    return m
 
 
 @njit(nogil=True, cache=True)
@@ -453,10 +463,10 @@ class WindowAggregate:
         miss_r, miss_s = np.empty(n * nwin, np.int64), np.empty(n * nwin, np.int64)
         if rowstr.any():  # pass 1 does not check room: a string min/max/first/last may append its value at every hit
             self.table.reserve(K[5], rowstr * nwin)
-        m, late, _ = accumulate_time(K, ts, wm, seq, w.size_us, w.advance_us, w.lateness_us, P, V,
-                                     self.table.kernel_state(), miss_r, miss_s)
+        m, late = accumulate_time(K, ts, wm, seq, w.size_us, w.advance_us, w.lateness_us, P, V,
+                                  self.table.kernel_state(), miss_r, miss_s)
         while pos < m:
-            pos, _ = insert_time(pos, m, miss_r, miss_s, K, ts, seq, rowstr, P, V, self.table.kernel_state())
+            pos = insert_time(pos, m, miss_r, miss_s, K, ts, seq, rowstr, P, V, self.table.kernel_state())
             if pos < m:
                 self.table.grow_for(m - pos, K[3], int(rowstr.max()))
         self.late += late

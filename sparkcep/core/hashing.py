@@ -12,9 +12,9 @@ the same wherever it is computed.
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, types
-from numba.extending import intrinsic
+from numba import njit
+
+from sparkcep.core.memory import load8
 
 SEED = np.uint64(0x9E3779B97F4A7C15)
 
@@ -39,30 +39,6 @@ def mix64(x):
     return out
 
 
-@intrinsic
-def _load8(typingctx, data, i):
-    """The 8 bytes at ``data[i:i+8]`` as one unaligned load (x86: little-endian); the caller
-    guarantees ``i + 8 <= len(data)``."""
-    def codegen(context, builder, sig, args):
-        arr = context.make_array(sig.args[0])(context, builder, args[0])
-        at = builder.gep(arr.data, [context.cast(builder, args[1], sig.args[1], types.intp)])
-        return builder.load(builder.bitcast(at, ir.IntType(64).as_pointer()), align=1)
-    return types.uint64(data, i), codegen
-
-
-@intrinsic
-def store8(typingctx, data, i, word):
-    """Write the 8 bytes of ``word`` (int64) at ``data[i:i+8]`` in one unaligned store (x86:
-    little-endian); the caller guarantees ``i + 8 <= len(data)``."""
-    def codegen(context, builder, sig, args):
-        arr = context.make_array(sig.args[0])(context, builder, args[0])
-        at = builder.gep(arr.data, [context.cast(builder, args[1], sig.args[1], types.intp)])
-        builder.store(context.cast(builder, args[2], sig.args[2], types.int64),
-                      builder.bitcast(at, ir.IntType(64).as_pointer()), align=1)
-        return context.get_dummy_value()
-    return types.void(data, i, word), codegen
-
-
 @njit(nogil=True, cache=True, inline="always")
 def _word(data, s, e):
     """The bytes data[s:e] (at most 8) packed little-endian into a uint64."""
@@ -70,7 +46,7 @@ def _word(data, s, e):
     if n <= 0:
         return np.uint64(0)
     if s + 8 <= len(data):  # one load, the bytes past e masked off
-        return _load8(data, s) & (np.uint64(0xFFFFFFFFFFFFFFFF) >> np.uint64(64 - 8 * n))
+        return load8(data, s) & (np.uint64(0xFFFFFFFFFFFFFFFF) >> np.uint64(64 - 8 * n))
     w = np.uint64(0)
     for k in range(n):
         w |= np.uint64(data[s + k]) << np.uint64(8 * k)
