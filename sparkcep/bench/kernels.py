@@ -9,7 +9,7 @@ import pyarrow as pa
 from numba import njit
 
 from sparkcep.core import columns
-from sparkcep.core.table import ACC, BinnedTable, find_or_insert, key_bytes, lookup, room, slot_hash, touch
+from sparkcep.core.table import ACC, BinnedTable, insert, key_bytes, lookup, room, slot_hash, touch
 
 GROUP = 256  # rows whose first probes are prefetched before any of them is counted (see core.table.touch)
 COUNT, LAST = ACC, ACC + 1  # int slots of a running-count entry (a third pads it to 64 bytes)
@@ -104,7 +104,10 @@ def count_new(pos, m, misses, K, T, touched_b, touched_e, nt):
         b = kbin[r]
         if not room(ent, arena, meta, b, 1, key_bytes(koff[r + 1] - koff[r])):
             return q, nt
-        e = find_or_insert(ent, arena, meta, b, khash[r], kw0[r], kw1[r], 0, kdata, koff[r], koff[r + 1])
+        hw, ks, klen = slot_hash(khash[r], 0), koff[r], koff[r + 1] - koff[r]
+        e = lookup(ent, arena, b, hw, 0, kw0[r], kw1[r], kdata, ks, klen)
+        if e < 0:
+            e = insert(ent, arena, meta, b, hw, kw0[r], kw1[r], 0, kdata, ks, klen)
         nt = _count(ent, b, e, r, touched_b, touched_e, nt)
     return m, nt
 

@@ -17,7 +17,7 @@ from numba import njit
 from sparkcep.core import columns
 from sparkcep.core.hashing import gather_binned, hash_words
 from sparkcep.core.strings import compare_bytes
-from sparkcep.core.table import (ACC, ARENA_USED, AUX, COUNTER, WSTART, BinnedTable, find_or_insert, insert,
+from sparkcep.core.table import (ACC, ARENA_USED, AUX, COUNTER, WSTART, BinnedTable, insert,
                                   key_bytes, lookup, room, slot_hash, touch)
 from sparkcep.query.aggregates import AggFunc
 from sparkcep.query.windows import TupleWindow
@@ -231,7 +231,10 @@ def insert_time(pos, m, miss_r, miss_s, K, ts, seq, rowstr, P, V, T):
                 k = pending = 0
                 if not room(ent, arena, meta, b, 1, need):
                     return q
-            e = find_or_insert(ent, arena, meta, b, khash[r], kw0[r], kw1[r], s, kdata, koff[r], koff[r + 1])
+            hw, ks, klen = slot_hash(khash[r], s), koff[r], koff[r + 1] - koff[r]
+            e = lookup(ent, arena, b, hw, s, kw0[r], kw1[r], kdata, ks, klen)
+            if e < 0:
+                e = insert(ent, arena, meta, b, hw, kw0[r], kw1[r], s, kdata, ks, klen)
             if seq[r] > ent[b, e, AUX]:
                 ent[b, e, AUX] = seq[r]
             rows[k], bins[k], entries[k] = r, b, e
@@ -260,7 +263,10 @@ def accumulate_tuples(pos, K, ts, wm, seq, size, adv, rowstr, P, V, T, ready_b, 
         ks, ke = koff[r], koff[r + 1]
         if not room(ent, arena, meta, b, nwin, nwin * (key_bytes(ke - ks) + rowstr[r])):
             return r
-        c = find_or_insert(ent, arena, meta, b, khash[r], kw0[r], kw1[r], COUNTER, kdata, ks, ke)
+        hc = slot_hash(khash[r], COUNTER)
+        c = lookup(ent, arena, b, hc, COUNTER, kw0[r], kw1[r], kdata, ks, ke - ks)
+        if c < 0:
+            c = insert(ent, arena, meta, b, hc, kw0[r], kw1[r], COUNTER, kdata, ks, ke - ks)
         q = ent[b, c, AUX]
         ent[b, c, AUX] = q + 1
         k = q // adv
