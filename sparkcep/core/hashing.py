@@ -64,13 +64,19 @@ def hash_key(data, s, e):
     """
     a = _word(data, s, min(e, s + 8))
     c = _word(data, min(e, s + 8), min(e, s + 16))
-    x = _mix(a ^ (np.uint64(e - s) * SEED))
-    x = _mix(x ^ c)
+    x = hash_head(a, c, e - s)
     k = s + 16
     while k < e:
         x = _mix(x ^ _word(data, k, min(e, k + 8)))
         k += 8
     return x, np.int64(a), np.int64(c)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def hash_head(a, c, n):
+    """:func:`hash_key` of a key of ``n`` bytes whose first 16 are the words ``a``, ``c`` (uint64):
+    the whole hash when ``n <= 16``, else its start."""
+    return _mix(_mix(a ^ (np.uint64(n) * SEED)) ^ c)
 
 
 @njit(nogil=True, cache=True)

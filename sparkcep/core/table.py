@@ -8,12 +8,13 @@ arena. A bin's state is one slice of each array, so extracting and
 installing a bin — the interface migration and replication build on
 (DESIGN.md §5) — is a copy.
 
-Why entries sit in the slots: on this hardware a random DRAM access costs
-~140 ns and the HiBench-fixwindow state (100K keys) does not fit in cache,
-so the window aggregate is bound by how many cache lines a tuple touches
-and how many of those misses overlap. One line per tuple (an entry row of
-64 bytes for count + min: 5 key columns, 3 accumulator slots), touched
-ahead of use by :func:`touch` in groups, is what makes it fast.
+Why entries sit in the slots: the HiBench-fixwindow state (100K keys,
+16 MB of slots) does not fit in the core's caches, so the window aggregate
+is bound by how many cache lines a tuple touches and how many of those
+misses overlap. One line per tuple (an entry row of 64 bytes for count +
+min: 5 key columns, 3 accumulator slots), prefetched by :func:`touch` for a
+group of tuples before any of them is processed, and probe runs kept short
+(:func:`rehash_bin`), is what makes it fast.
 
 Kernels take the arrays as one tuple ``T`` (numba caches plain functions,
 not classes) and unpack it once, outside their loops: unpacking it per row
@@ -28,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from sparkcep.core.hashing import hash_key
+from sparkcep.core.hashing import hash_head, hash_key
 from sparkcep.core.memory import prefetch, store8
 
 EMPTY, TOMB = -1, -2  # KEY column of a free slot and of a deleted entry
@@ -162,7 +163,8 @@ def free_runs(ent, meta, b, entries, lo, hi):
 
 @njit(nogil=True, cache=True)
 def delete_entries(T, bins, entries):
-    """Delete entries (bin-major, slot order within a bin), then free the tombstones they leave."""
+    """Delete entries (bin-major, slot order within a bin), then free the tombstones they leave
+    (rehashing bins they still crowd)."""
     ent, arena, meta = T
     for j in range(len(entries)):
         b, e = bins[j], entries[j]
@@ -173,6 +175,7 @@ def delete_entries(T, bins, entries):
     for j in range(1, len(entries) + 1):
         if j == len(entries) or bins[j] != bins[lo]:
             free_runs(ent, meta, bins[lo], entries, lo, j)
+            clean(ent, arena, meta, bins[lo])
             lo = j
 
 
@@ -181,6 +184,48 @@ def _unpack_words(w0, w1, out, d):
     """The 16 bytes of K0, K1 into ``out[d:d+16]``."""
     store8(out, d, w0)
     store8(out, d + 8, w1)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def stored_hash(k, w0, w1, bin_arena):
+    """:func:`~sparkcep.core.hashing.hash_key` of a stored key: KEY column ``k``, words ``w0``, ``w1``."""
+    n = k & KEY_LEN
+    if n > 16:
+        return hash_key(bin_arena, k >> KEY_BITS, (k >> KEY_BITS) + n)[0]
+    return hash_head(np.uint64(w0), np.uint64(w1), n)
+
+
+@njit(nogil=True, cache=True)
+def rehash_bin(ent, arena, meta, b):
+    """Put bin ``b``'s live entries back in their probe order with no tombstone between them.
+
+    Deleting leaves tombstones a probe must walk past; after windows fire,
+    the entries of the next one keep runs of them alive, and clusters grow
+    (on the fixwindow kernel benchmark, 40% of misses walked past 2 lines).
+    Entries keep their arena bytes; only their slots change.
+    """
+    slots = ent.shape[1]
+    live = np.empty((meta[b, N_LIVE], ent.shape[2]), np.int64)
+    n = 0
+    for e in range(slots):
+        if ent[b, e, KEY] >= 0:
+            live[n] = ent[b, e]
+            n += 1
+        ent[b, e, KEY] = EMPTY
+    meta[b, N_TOMB] = 0
+    mask = slots - 1
+    for j in range(n):
+        i = slot_hash(stored_hash(live[j, KEY], live[j, K0], live[j, K1], arena[b]), live[j, WSTART]) & mask
+        while ent[b, i, KEY] >= 0:
+            i = (i + 1) & mask
+        ent[b, i] = live[j]
+
+
+@njit(nogil=True, cache=True, inline="always")
+def clean(ent, arena, meta, b):
+    """Rehash bin ``b`` when tombstones fill an eighth of it."""
+    if meta[b, N_TOMB] * 8 > ent.shape[1]:
+        rehash_bin(ent, arena, meta, b)
 
 
 @njit(nogil=True, cache=True)
@@ -251,6 +296,7 @@ def take_expired(T, max_wstart, lo, hi):
         meta[b, N_LIVE] -= n - first
         meta[b, N_TOMB] += n - first
         free_runs(ent, meta, b, slots, first, n)
+        clean(ent, arena, meta, b)
     koff, kdata = keys_out(out[:, :n], bins[:n], arena)
     return bins[:n], out[:, :n], koff, kdata
 
@@ -289,23 +335,16 @@ def copy_bin(S, sb, T, tb, str_slots):
     s_ent, s_arena, s_meta = S
     ent, arena, meta = T
     src = s_arena[sb]
-    short = np.empty(16, np.uint8)  # the bytes of a key K0, K1 hold alone
     for s in range(s_ent.shape[1]):
         k = s_ent[sb, s, KEY]
         if k < 0:
             continue
-        n = k & KEY_LEN
-        if n > 16:
-            key, ks = src, k >> KEY_BITS
-        else:
-            _unpack_words(s_ent[sb, s, K0], s_ent[sb, s, K1], short, 0)
-            key, ks = short, 0
-        h, w0, w1 = hash_key(key, ks, ks + n)
-        w = s_ent[sb, s, WSTART]
-        hw = slot_hash(h, w)
-        e = lookup(ent, arena, tb, hw, w, w0, w1, key, ks, n)
+        ks, n = k >> KEY_BITS, k & KEY_LEN
+        w, w0, w1 = s_ent[sb, s, WSTART], s_ent[sb, s, K0], s_ent[sb, s, K1]
+        hw = slot_hash(stored_hash(k, w0, w1, src), w)
+        e = lookup(ent, arena, tb, hw, w, w0, w1, src, ks, n)
         if e < 0:
-            e = insert(ent, arena, meta, tb, hw, w0, w1, w, key, ks, n)
+            e = insert(ent, arena, meta, tb, hw, w0, w1, w, src, ks, n)
         for c in range(AUX, ent.shape[2]):
             ent[tb, e, c] = s_ent[sb, s, c]
         for q in range(len(str_slots)):

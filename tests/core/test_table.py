@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkcep.core.hashing import hash_key
-from sparkcep.core.table import ACC, K0, K1, KEY, KEY_BITS, KEY_LEN, WSTART, BinnedTable, insert, key_bytes, lookup, room, slot_hash
+from sparkcep.core.table import ACC, K0, K1, KEY, KEY_BITS, KEY_LEN, N_TOMB, WSTART, BinnedTable, insert, key_bytes, lookup, room, slot_hash
 
 BINS = 2
 KEYS = [b"", b"a", b"b", b"abcdefghijklmnopq", b"abcdefghijklmnopr", b"1.2.3.4", b"\x00", b"\x00\x00"] + \
@@ -96,3 +96,21 @@ def test_firing_a_window_keeps_the_probe_chains_of_the_next():
         add(table, 0, k, 1)
     assert contents(table) == {(0, k, 1): 2 for k in keys}
     assert table.n_live == len(keys)
+
+
+def test_a_bin_left_crowded_with_tombstones_is_rehashed_without_them():
+    """Deletes that leave tombstones between live entries rehash the bin: no tombstone is left,
+    and every remaining entry is found, counted and taken out as before."""
+    table = BinnedTable(1, 1, 0, entries=100, arena_bytes=8192)  # 256 slots, 180 entries
+    keys = [b"10.1.%d.%d" % (i, i * 7 % 13) for i in range(170)] + [b"a long key of more than 16 bytes %d" % i
+                                                                      for i in range(10)]
+    for i, k in enumerate(keys):
+        add(table, 0, k, i % 2)  # windows 0 and 1 interleave in the probe runs
+    b, e = table.select(max_wstart=0)
+    table.delete(b, e)
+    assert table.meta[0, N_TOMB] == 0
+    for k in keys[1::2]:
+        add(table, 0, k, 1)
+    assert contents(table) == {(0, k, 1): 2 for k in keys[1::2]}
+    _, rows, koff, kdata = table.take_expired(1)
+    assert sorted(bytes(kdata[koff[j]:koff[j + 1]]) for j in range(len(koff) - 1)) == sorted(keys[1::2])
