@@ -9,30 +9,54 @@ import pyarrow as pa
 from numba import njit
 
 from sparkcep.core import columns
+from sparkcep.core.memory import load8, store8, trailing_zeros
 from sparkcep.core.table import ACC, BinnedTable, insert, key_bytes, lookup, room, slot_hash, touch
 
 GROUP = 256  # rows whose first probes are prefetched before any of them is counted (see core.table.touch)
 COUNT, LAST = ACC, ACC + 1  # int slots of a running-count entry (a third pads it to 64 bytes)
 
 
+ONES = np.uint64(0x0101010101010101)
+HIGHS = ONES * np.uint64(0x80)
+
+
 @njit(nogil=True, cache=True)
 def first_field(offsets, data, sep):
     """Offsets and bytes of each string's text before its first ``sep`` byte (all of it if none).
 
-    One pass: bytes are copied while looking for ``sep``, into room for all of the input
-    (untouched pages of it are never faulted in).
+    Eight bytes at a time: a word is searched for ``sep`` with the classic
+    has-zero-byte test on ``word ^ sep * ONES`` (its lowest flag is exact),
+    and the field is copied in words (the output has 8 bytes of slack).
     """
     n = len(offsets) - 1
     out_off = np.empty(n + 1, np.int64)
     out_off[0] = 0
-    out = np.empty(offsets[n] - offsets[0], np.uint8)
+    out = np.empty(offsets[n] - offsets[0] + 8, np.uint8)
+    pattern = ONES * np.uint64(sep)
+    end_words = len(data) - 8  # a word may be loaded at or before this offset
     d = 0
     for i in range(n):
         j, e = offsets[i], offsets[i + 1]
-        while j < e and data[j] != sep:
-            out[d] = data[j]
-            d += 1
-            j += 1
+        k = j
+        while k < e:
+            if k > end_words:  # the last bytes of the buffer, one at a time
+                while k < e and data[k] != sep:
+                    k += 1
+                break
+            x = load8(data, k) ^ pattern
+            hit = (x - ONES) & ~x & HIGHS
+            if hit:
+                k += np.int64(trailing_zeros(hit) >> np.uint64(3))
+                break
+            k += 8
+        k = min(k, e)
+        for q in range(0, k - j, 8):
+            if j + q <= end_words:
+                store8(out, d + q, load8(data, j + q))
+            else:
+                for t in range(q, k - j):
+                    out[d + t] = data[j + t]
+        d += k - j
         out_off[i + 1] = d
     return out_off, out[:d]
 

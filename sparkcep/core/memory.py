@@ -60,3 +60,14 @@ def prefetch(typingctx, rows, b, i):
         builder.call(fn, [builder.bitcast(at, _I8_PTR), _I32(0), _I32(3), _I32(1)])  # read, keep, data
         return context.get_dummy_value()
     return types.void(rows, b, i), codegen
+
+
+@intrinsic
+def trailing_zeros(typingctx, word):
+    """How many low bits of the uint64 ``word`` are 0 (64 for 0): one ``tzcnt``."""
+    def codegen(context, builder, sig, args):
+        i64 = ir.IntType(64)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i64, [i64, ir.IntType(1)]),
+                                            "llvm.cttz.i64")
+        return builder.call(fn, [args[0], ir.IntType(1)(0)])
+    return types.uint64(word), codegen

@@ -60,3 +60,12 @@ def test_parse_ip_takes_the_first_field_and_refuses_nulls():
         assert "null" in str(e)
     else:
         raise AssertionError("a null value was parsed")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(alphabet="1.,ab\u00e9", max_size=40), max_size=30), st.integers(0, 3))
+def test_parse_ip_equals_splitting_at_the_first_comma(values, skip):
+    """Words searched 8 bytes at a time, and the bytes near the buffer's end one by one, find the
+    same first field as ``str.split`` (sliced arrays included)."""
+    arr = pa.array(values, pa.string()).slice(min(skip, len(values)))
+    assert parse_ip(arr).to_pylist() == [v.split(",")[0] for v in arr.to_pylist()]
