@@ -327,21 +327,30 @@ class Program:
         # per value column: how many string functions copy its values into the arena
         self.string_uses = [sum(1 for op, c in zip(ops, cols) if c == i and op in (MIN_S, MAX_S, FIRST_S, LAST_S))
                             for i in range(len(self.fields))]
+        self.reads_floats = any(op in (SUM_F, MIN_F, MAX_F) for op in ops)
+        self.reads_strings = any(self.string_uses)
 
     def inputs(self, batch: pa.RecordBatch):
-        """(vals_i, vals_f, valid, soff, slen, sdata, rowstr): the value columns as kernel arrays."""
+        """(vals_i, vals_f, valid, soff, slen, sdata, rowstr): the value columns as kernel arrays.
+
+        Float and string views have no rows when no function reads them: at
+        tens of thousands of rows a batch, filling them cost more than some
+        kernels.
+        """
         n, k = batch.num_rows, max(1, len(self.fields))
         vals_i = np.zeros((k, n), np.int64)
-        vals_f = np.zeros((k, n), np.float64)
+        vals_f = np.zeros((k, n if self.reads_floats else 0), np.float64)
         valid = np.ones((k, n), np.bool_)
-        soff = np.zeros((k, n), np.int64)
-        slen = np.zeros((k, n), np.int64)
+        soff = np.zeros((k, n if self.reads_strings else 0), np.int64)
+        slen = np.zeros((k, n if self.reads_strings else 0), np.int64)
         rowstr = np.zeros(n, np.int64)
         datas, base = [], 0
         for c, f in enumerate(self.fields):
             arr = batch.column(f)
             if self.schema.fields[f] == "string":
                 off, data, valid[c] = columns.strings(arr)
+                if not self.string_uses[c]:
+                    continue
                 off = off.astype(np.int64)
                 soff[c] = off[:-1] + (base - off[0])
                 slen[c] = np.diff(off)
@@ -355,7 +364,8 @@ class Program:
                     vals_i[c] = v.astype(np.float64).view(np.int64)
                 else:
                     vals_i[c] = v
-                    vals_f[c] = v
+                    if self.reads_floats:  # avg of an int column sums it as float
+                        vals_f[c] = v
         sdata = np.concatenate(datas) if datas else np.zeros(1, np.uint8)
         return vals_i, vals_f, valid, soff, slen, sdata, rowstr
 
