@@ -359,13 +359,9 @@ class Program:
                 base += int(off[-1] - off[0])
             else:
                 v, valid[c] = columns.values(arr)
-                if v.dtype.kind == "f":
+                vals_i[c] = v.astype(np.float64).view(np.int64) if v.dtype.kind == "f" else v  # first/last: bits
+                if self.reads_floats:  # sums and min/max of floats; avg of an int column sums it as float
                     vals_f[c] = v
-                    vals_i[c] = v.astype(np.float64).view(np.int64)
-                else:
-                    vals_i[c] = v
-                    if self.reads_floats:  # avg of an int column sums it as float
-                        vals_f[c] = v
         sdata = np.concatenate(datas) if datas else np.zeros(1, np.uint8)
         return vals_i, vals_f, valid, soff, slen, sdata, rowstr
 
