@@ -28,7 +28,13 @@ def values(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 
 
 def strings(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(offsets, bytes, valid) of a string array, views on its Arrow buffers."""
+    """(offsets, bytes, valid) of a string array, read-only views on its Arrow buffers.
+
+    Read-only whoever owns the buffers: numba compiles a kernel once per
+    array type and types read-only arrays apart, and buffers read from a
+    channel are mutable where those pyarrow builds are not. Mixed, a kernel
+    met a new type mid-run and compiled for seconds (the wordcount stall).
+    """
     if pa.types.is_large_string(arr.type):
         off_type = np.int64
     else:
@@ -38,6 +44,7 @@ def strings(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     offsets = np.frombuffer(off_buf, off_type, count=arr.offset + n + 1)[arr.offset:] if off_buf else np.zeros(n + 1, off_type)
     data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
     valid = arr.is_valid().to_numpy(zero_copy_only=False) if arr.null_count else np.ones(n, np.bool_)
+    offsets.flags.writeable = data.flags.writeable = False
     return offsets, data, valid
 
 
