@@ -10,7 +10,7 @@ from numba import njit
 
 from sparkcep.core import columns
 from sparkcep.core.memory import load8, store8, trailing_zeros
-from sparkcep.core.table import ACC, BinnedTable, insert, key_bytes, lookup, room, slot_hash, touch
+from sparkcep.core.table import ACC, BinnedTable, find_slot, key_bytes, lookup, place, room, slot_hash, touch
 
 GROUP = 256  # rows whose first probes are prefetched before any of them is counted (see core.table.touch)
 COUNT, LAST = ACC, ACC + 1  # int slots of a running-count entry (a third pads it to 64 bytes)
@@ -128,10 +128,10 @@ def count_new(pos, m, misses, K, T, touched_b, touched_e, nt):
         b = kbin[r]
         if not room(ent, arena, meta, b, 1, key_bytes(koff[r + 1] - koff[r])):
             return q, nt
-        hw, ks, klen = slot_hash(khash[r], 0), koff[r], koff[r + 1] - koff[r]
-        e = lookup(ent, arena, b, hw, 0, kw0[r], kw1[r], kdata, ks, klen)
+        ks, klen = koff[r], koff[r + 1] - koff[r]
+        e, i = find_slot(ent, arena, b, slot_hash(khash[r], 0), 0, kw0[r], kw1[r], kdata, ks, klen)
         if e < 0:
-            e = insert(ent, arena, meta, b, hw, kw0[r], kw1[r], 0, kdata, ks, klen)
+            e = place(ent, arena, meta, b, i, kw0[r], kw1[r], 0, kdata, ks, klen)
         nt = _count(ent, b, e, r, touched_b, touched_e, nt)
     return m, nt
 

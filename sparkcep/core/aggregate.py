@@ -17,8 +17,8 @@ from numba import njit
 from sparkcep.core import columns
 from sparkcep.core.hashing import gather_binned, hash_words
 from sparkcep.core.strings import compare_bytes
-from sparkcep.core.table import (ACC, ARENA_USED, AUX, COUNTER, WSTART, BinnedTable, insert,
-                                  key_bytes, lookup, room, slot_hash, touch)
+from sparkcep.core.table import (ACC, ARENA_USED, AUX, COUNTER, WSTART, BinnedTable, find_slot, key_bytes,
+                                  lookup, place, room, slot_hash, touch)
 from sparkcep.query.aggregates import AggFunc
 from sparkcep.query.windows import TupleWindow
 from sparkcep.schema import TYPES, Schema
@@ -231,10 +231,10 @@ def insert_time(pos, m, miss_r, miss_s, K, ts, seq, rowstr, P, V, T):
                 k = pending = 0
                 if not room(ent, arena, meta, b, 1, need):
                     return q
-            hw, ks, klen = slot_hash(khash[r], s), koff[r], koff[r + 1] - koff[r]
-            e = lookup(ent, arena, b, hw, s, kw0[r], kw1[r], kdata, ks, klen)
+            ks, klen = koff[r], koff[r + 1] - koff[r]
+            e, i = find_slot(ent, arena, b, slot_hash(khash[r], s), s, kw0[r], kw1[r], kdata, ks, klen)
             if e < 0:
-                e = insert(ent, arena, meta, b, hw, kw0[r], kw1[r], s, kdata, ks, klen)
+                e = place(ent, arena, meta, b, i, kw0[r], kw1[r], s, kdata, ks, klen)
             if seq[r] > ent[b, e, AUX]:
                 ent[b, e, AUX] = seq[r]
             rows[k], bins[k], entries[k] = r, b, e
@@ -263,20 +263,18 @@ def accumulate_tuples(pos, K, ts, wm, seq, size, adv, rowstr, P, V, T, ready_b, 
         ks, ke = koff[r], koff[r + 1]
         if not room(ent, arena, meta, b, nwin, nwin * (key_bytes(ke - ks) + rowstr[r])):
             return r
-        hc = slot_hash(khash[r], COUNTER)
-        c = lookup(ent, arena, b, hc, COUNTER, kw0[r], kw1[r], kdata, ks, ke - ks)
+        c, i = find_slot(ent, arena, b, slot_hash(khash[r], COUNTER), COUNTER, kw0[r], kw1[r], kdata, ks, ke - ks)
         if c < 0:
-            c = insert(ent, arena, meta, b, hc, kw0[r], kw1[r], COUNTER, kdata, ks, ke - ks)
+            c = place(ent, arena, meta, b, i, kw0[r], kw1[r], COUNTER, kdata, ks, ke - ks)
         q = ent[b, c, AUX]
         ent[b, c, AUX] = q + 1
         k = q // adv
         j = 0
         while k >= 0 and k * adv + size > q:
             w = k * adv
-            hw = slot_hash(khash[r], w)
-            e = lookup(ent, arena, b, hw, w, kw0[r], kw1[r], kdata, ks, ke - ks)
+            e, i = find_slot(ent, arena, b, slot_hash(khash[r], w), w, kw0[r], kw1[r], kdata, ks, ke - ks)
             if e < 0:
-                e = insert(ent, arena, meta, b, hw, kw0[r], kw1[r], w, kdata, ks, ke - ks)
+                e = place(ent, arena, meta, b, i, kw0[r], kw1[r], w, kdata, ks, ke - ks)
                 ent[b, e, TS_SLOT] = ts[r]
             elif ts[r] > ent[b, e, TS_SLOT]:
                 ent[b, e, TS_SLOT] = ts[r]

@@ -80,9 +80,9 @@ def lookup(ent, arena, b, hw, wstart, w0, w1, kdata, ks, klen):
     """Entry of (key, wstart) in bin ``b`` or -1: the hot path, reads only.
 
     Short-circuit tests and one exit keep the probe small enough for LLVM to
-    hold in registers. Loops that may insert call this, then :func:`insert` on
-    a miss, themselves: a helper doing both, inlined into a loop, made each
-    call ~50 ns slower even when it only found.
+    hold in registers. Loops that may insert call :func:`find_slot`, then
+    :func:`place` on a miss, themselves: a helper doing both, inlined into a
+    loop, made each call ~50 ns slower even when it only found.
     """
     mask = ent.shape[1] - 1
     i = hw & mask
@@ -117,14 +117,33 @@ def room(ent, arena, meta, b, entries, nbytes):
 
 
 @njit(nogil=True, cache=True, inline="always")
-def insert(ent, arena, meta, b, hw, w0, w1, wstart, kdata, ks, klen):
-    """Add (key, wstart), known absent, to bin ``b``; its entry, or -1 when the bin is full."""
-    if not room(ent, arena, meta, b, 1, key_bytes(klen)):
-        return -1
+def find_slot(ent, arena, b, hw, wstart, w0, w1, kdata, ks, klen):
+    """(entry of (key, wstart) in bin ``b`` or -1, the slot to :func:`place` it at when absent):
+    :func:`lookup` and the free slot from one walk, for loops that insert most of what they probe."""
     mask = ent.shape[1] - 1
     i = hw & mask
-    while ent[b, i, KEY] >= 0:  # the first free slot or tombstone
+    free = -1
+    found = -1
+    while True:
+        k = ent[b, i, KEY]
+        if k == EMPTY:
+            break
+        if k == TOMB:
+            if free < 0:
+                free = i
+        elif ent[b, i, K0] == w0 and ent[b, i, K1] == w1 and ent[b, i, WSTART] == wstart \
+                and (k & KEY_LEN) == klen:
+            if klen <= 16 or same_tail(arena, b, k >> KEY_BITS, kdata, ks, klen):
+                found = i
+                break
         i = (i + 1) & mask
+    return found, (free if free >= 0 else i)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def place(ent, arena, meta, b, i, w0, w1, wstart, kdata, ks, klen):
+    """Write (key, wstart) as a new entry at free slot or tombstone ``i`` of bin ``b`` (room
+    checked by the caller); returns ``i``."""
     if ent[b, i, KEY] == TOMB:
         meta[b, N_TOMB] -= 1
     o = meta[b, ARENA_USED]
@@ -341,10 +360,9 @@ def copy_bin(S, sb, T, tb, str_slots):
             continue
         ks, n = k >> KEY_BITS, k & KEY_LEN
         w, w0, w1 = s_ent[sb, s, WSTART], s_ent[sb, s, K0], s_ent[sb, s, K1]
-        hw = slot_hash(stored_hash(k, w0, w1, src), w)
-        e = lookup(ent, arena, tb, hw, w, w0, w1, src, ks, n)
+        e, i = find_slot(ent, arena, tb, slot_hash(stored_hash(k, w0, w1, src), w), w, w0, w1, src, ks, n)
         if e < 0:
-            e = insert(ent, arena, meta, tb, hw, w0, w1, w, src, ks, n)
+            e = place(ent, arena, meta, tb, i, w0, w1, w, src, ks, n)
         for c in range(AUX, ent.shape[2]):
             ent[tb, e, c] = s_ent[sb, s, c]
         for q in range(len(str_slots)):

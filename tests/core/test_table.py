@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkcep.core.hashing import hash_key
-from sparkcep.core.table import ACC, K0, K1, KEY, KEY_BITS, KEY_LEN, N_TOMB, WSTART, BinnedTable, insert, key_bytes, lookup, room, slot_hash
+from sparkcep.core.table import ACC, K0, K1, KEY, KEY_BITS, KEY_LEN, N_TOMB, WSTART, BinnedTable, find_slot, key_bytes, place, room, slot_hash
 
 BINS = 2
 KEYS = [b"", b"a", b"b", b"abcdefghijklmnopq", b"abcdefghijklmnopr", b"1.2.3.4", b"\x00", b"\x00\x00"] + \
@@ -28,10 +28,10 @@ def add(table, b, key, w):
     if not room(ent, arena, meta, b, 1, key_bytes(len(key))):
         table.grow(1, key_bytes(len(key)))
         ent, arena, meta = table.arrays
-    hw = slot_hash(np.uint64(h), np.int64(w))
-    e = lookup(ent, arena, b, hw, np.int64(w), np.int64(w0), np.int64(w1), data, 0, len(key))
+    e, i = find_slot(ent, arena, b, slot_hash(np.uint64(h), np.int64(w)), np.int64(w), np.int64(w0), np.int64(w1),
+                     data, 0, len(key))
     if e < 0:
-        e = insert(ent, arena, meta, b, hw, np.int64(w0), np.int64(w1), np.int64(w), data, 0, len(key))
+        e = place(ent, arena, meta, b, i, np.int64(w0), np.int64(w1), np.int64(w), data, 0, len(key))
     assert e >= 0
     ent[b, e, ACC] += 1
 
