@@ -53,9 +53,10 @@ def first_field(offsets, data, sep):
         for q in range(0, k - j, 8):
             if j + q <= end_words:
                 store8(out, d + q, load8(data, j + q))
-            else:
+            else:  # the rest, near the buffer's end
                 for t in range(q, k - j):
                     out[d + t] = data[j + t]
+                break
         d += k - j
         out_off[i + 1] = d
     return out_off, out[:d]

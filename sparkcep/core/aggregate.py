@@ -224,14 +224,14 @@ def insert_time(pos, m, miss_r, miss_s, K, ts, seq, rowstr, P, V, T):
         for q in range(g, ge):
             r, s = miss_r[q], miss_s[q]
             b = kbin[r]
-            need = key_bytes(koff[r + 1] - koff[r]) + rowstr[r]
+            ks, klen = koff[r], koff[r + 1] - koff[r]
+            need = key_bytes(klen) + rowstr[r]
             if not room(ent, arena, meta, b, 1, need + pending):
                 _apply(ent, entf, arena, meta, rows, bins, entries, k, ts, seq, ops, cols, sis, sfs,
                        vals_i, vals_f, valid, soff, slen, sdata)
                 k = pending = 0
                 if not room(ent, arena, meta, b, 1, need):
                     return q
-            ks, klen = koff[r], koff[r + 1] - koff[r]
             e, i = find_slot(ent, arena, b, slot_hash(khash[r], s), s, kw0[r], kw1[r], kdata, ks, klen)
             if e < 0:
                 e = place(ent, arena, meta, b, i, kw0[r], kw1[r], s, kdata, ks, klen)
