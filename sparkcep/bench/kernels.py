@@ -183,6 +183,6 @@ def running_count(table: BinnedTable, K) -> tuple[np.ndarray, np.ndarray]:
         if pos == m:
             break
         rows = table.ent[touched_b[:nt], touched_e[:nt], LAST]  # a rebuild renumbers the entries
-        table.grow_for(m - pos, K[3])
+        table.grow_for(K[5][misses[pos:m]], K[3])
         locate(rows, K, table.arrays, touched_e)
     return counts_by_last_row(table.ent, touched_b, touched_e, nt, n)

@@ -467,7 +467,7 @@ class WindowAggregate:
                     out += self._emit(ready_b[:m], *self.table.take(ready_b[:m], ready_e[:m]), ready_wm[:m])
                     nready[0] = 0
                 if pos < n:
-                    self.table.grow_for(n - pos, K[3], int(rowstr.max()))
+                    self.table.grow_for(K[5][pos:], K[3], int(rowstr.max()))
             return out
         nwin = (w.size_us + w.advance_us - 1) // w.advance_us
         miss_r, miss_s = np.empty(n * nwin, np.int64), np.empty(n * nwin, np.int64)
@@ -478,7 +478,7 @@ class WindowAggregate:
         while pos < m:
             pos = insert_time(pos, m, miss_r, miss_s, K, ts, seq, rowstr, P, V, self.table.kernel_state())
             if pos < m:
-                self.table.grow_for(m - pos, K[3], int(rowstr.max()))
+                self.table.grow_for(K[5][miss_r[pos:m]], K[3], int(rowstr.max()))
         self.late += late
         first = int(((ts.min() - w.size_us) // w.advance_us + 1) * w.advance_us)
         self.lowest_start = first if self.lowest_start is None else min(self.lowest_start, first)
