@@ -249,10 +249,18 @@ class _Ring:
 
 
 class RingWriter(Channel):
-    """The producer end of a ring. Never blocks: what does not fit waits in the backlog."""
+    """The producer end of a ring. Never blocks: what does not fit waits in the backlog.
 
-    def __init__(self, path: str, reader_bell: Doorbell | None, writer_bell: Doorbell | None = None):
+    A batch waiting in the backlog is copied out first, as it may point into
+    an input ring that is about to be reused; unless ``batches_stay``: the
+    caller keeps its batches valid until they are flushed (the engine's
+    sources, whose ``send`` returns only once the rings have taken everything).
+    """
+
+    def __init__(self, path: str, reader_bell: Doorbell | None, writer_bell: Doorbell | None = None,
+                 batches_stay: bool = False):
         self.ring = _Ring(path, reader_bell)
+        self.batches_stay = batches_stay
         self.writer_bell = writer_bell  # ours: the reader rings it when it frees space we wait for
         self.w = int(self.ring.head[_W])
         self.backlog: deque = deque()
@@ -300,7 +308,7 @@ class RingWriter(Channel):
                               f"({self.ring.capacity} bytes; at most half of it per message); "
                               "a single row this large needs a larger ring_bytes", "RING_RECORD")
         if self.backlog or not self._try_put(kind, head, body, need):
-            if isinstance(body, pa.RecordBatch):  # it may point into an input ring: copy it now
+            if isinstance(body, pa.RecordBatch) and not self.batches_stay:  # copy it out of a ring now
                 epoch, frontier, arrival, port, size, _, _ = _DATA.unpack(head)
                 body = body.serialize()
                 head = _DATA.pack(epoch, frontier, arrival, port, size, 0, 0)

@@ -361,8 +361,8 @@ class WorkerDeployment(Deployment):
                           bells, pool.send_bell.path, pool.sink_bell.path)
         by_path: dict[str, Doorbell] = {}
         im_bell = {ep: by_path.setdefault(bells[im], Doorbell(bells[im])) for ep, im in self.assignment.items()}
-        self._source_channels = {c: RingWriter(self.rings[(ENGINE, c)], im_bell[c], pool.send_bell)
-                                 for c in layout.consumers(ENGINE)}
+        self._source_channels = {c: RingWriter(self.rings[(ENGINE, c)], im_bell[c], pool.send_bell,
+                                               batches_stay=True) for c in layout.consumers(ENGINE)}
         self.source_router = Router(layout.routes(ENGINE), self._source_channels, self.bins)
         sinks = {p: RingReader(self.rings[(p, ENGINE)], im_bell[p], copy=True) for p in layout.producers(ENGINE)}
         self.sink = Sink(layout, self.logs, self.clock, sinks)
