@@ -1,12 +1,17 @@
 """BinnedTable under churn: inserts, deletes (tombstones freed in runs, wrap-around
 included), takes, rebuilds and bin moves, against a dict of (bin, key, window) -> count."""
 
+import os
+import re
+
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkcep.core.hashing import hash_key
-from sparkcep.core.table import ACC, K0, K1, KEY, KEY_BITS, KEY_LEN, N_TOMB, WSTART, BinnedTable, find_slot, key_bytes, place, room, slot_hash
+from sparkcep.core.table import (ACC, K0, K1, KEY, KEY_BITS, KEY_LEN, MAX_LOAD, N_TOMB, WSTART, BinnedTable, find_slot,
+                                 key_bytes, place, room, slot_hash, zeroed)
 
 BINS = 2
 KEYS = [b"", b"a", b"b", b"abcdefghijklmnopq", b"abcdefghijklmnopr", b"1.2.3.4", b"\x00", b"\x00\x00"] + \
@@ -114,3 +119,37 @@ def test_a_bin_left_crowded_with_tombstones_is_rehashed_without_them():
     assert contents(table) == {(0, k, 1): 2 for k in keys[1::2]}
     _, rows, koff, kdata = table.take_expired(1)
     assert sorted(bytes(kdata[koff[j]:koff[j + 1]]) for j in range(len(koff) - 1)) == sorted(keys[1::2])
+
+
+def test_growth_is_sized_by_the_fullest_bin_not_the_average():
+    """An instance holds a few of the bins: room for the rows pending in its fullest bin comes in
+    one rebuild (an average over all bins would ask for a sixteenth of it here)."""
+    table = BinnedTable(128, 1, 0)
+    pending = np.repeat(np.arange(8), 2000)  # 2,000 rows in each of 8 bins of 128
+    table.grow_for(pending, np.zeros(len(pending) + 1, np.int64))
+    assert table.ent.shape[1] * MAX_LOAD >= 1000  # half the rows: a batch repeats keys
+
+
+def _vm_flags(address: int) -> list[str]:
+    inside = False
+    for line in open("/proc/self/smaps"):
+        m = re.match(r"([0-9a-f]+)-([0-9a-f]+) ", line)
+        if m:
+            inside = int(m.group(1), 16) <= address < int(m.group(2), 16)
+        elif inside and line.startswith("VmFlags:"):
+            return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux's /proc/self/smaps")
+def test_table_memory_is_not_advised_to_huge_pages():
+    """Entry rows are plain pages: a huge page the kernel must compact memory for, at first touch,
+    stalled rebuilds for tens of ms. (numpy advises huge pages for its large arrays.)"""
+    table = BinnedTable(16, 3, 0, entries=2048)  # 16 bins x 4096 slots x 8 columns: 4 MiB
+    assert table.ent.nbytes >= 4 << 20
+    middle = table.ent.ctypes.data + table.ent.nbytes // 2
+    assert "hg" not in _vm_flags(middle)
+    assert table.ent.ctypes.data % 64 == 0 and table.ent.flags.writeable
+    assert (table.ent[:, :, KEY] == -1).all() and not table.ent[:, :, ACC:].any()
+    z = zeroed((3, 5), np.float64)
+    assert z.shape == (3, 5) and not z.any()

@@ -129,6 +129,26 @@ def test_a_full_ring_keeps_the_rest_in_the_backlog_and_loses_nothing(shm):
     assert got == 50 * 200
 
 
+@pytest.mark.parametrize("batches_stay", [False, True])
+def test_a_waiting_batch_is_copied_unless_its_owner_keeps_it(shm, batches_stay):
+    """A batch that may point into an input ring is copied when it must wait; the engine's sources,
+    whose batches outlive the wait, let it wait as it is. Either way it arrives equal."""
+    path = shm(f"stay{batches_stay}", 1 << 16)
+    w, r = RingWriter(path, None, batches_stay=batches_stay), RingReader(path, None)
+    b = pa.record_batch({"v": np.arange(300)})
+    sent = 0
+    while not w.backlog:
+        w.send_data(0, (sent, sent, 0), b)
+        sent += 1
+    waiting = w.backlog[-1][2]
+    assert (waiting is b) == batches_stay and isinstance(waiting, pa.RecordBatch) == batches_stay
+    got = []
+    while w.backlog or r.ready():
+        got += [m.batch for m in drain(r) if isinstance(m, Data)]
+        w.flush()
+    assert len(got) == sent and all(t.to_batches()[0].equals(b) for t in got)
+
+
 def test_local_channel_same_interface():
     ch = LocalChannel()
     b = pa.record_batch({"v": [1, 2]})
