@@ -112,16 +112,24 @@ def parallelism(workload: str, instances: int) -> int:
     return max(1, instances)
 
 
+WARM_UP_BATCHES, WARM_UP_ROWS = 4, 20_000  # the untimed run before a measured one, the same for Spark
+
+
+def warm_up_input():
+    """The records both engines run a workload on, untimed, before it is measured (20K IPs)."""
+    from sparkcep.bench.generator import UserVisits
+    return UserVisits(seed=1, distinct_ips=20_000, cycle=1 << 16)
+
+
 def warm_up(engine: cep.Engine, workload: str, instances: int) -> None:
     """Run ``workload`` briefly on ``engine``, untimed, then undeploy it: every instance manager
     compiles (or loads from numba's cache) the kernels the measured run will call, for the array
     types it will call them with, growing its tables included."""
-    from sparkcep.bench.generator import UserVisits
-    gen = UserVisits(seed=1, distinct_ips=20_000, cycle=1 << 16)
+    gen = warm_up_input()
     engine.deploy(query(workload), parallelism=parallelism(workload, instances))
     try:
-        for i in range(4):
-            engine.send(STREAM, gen.records(i * 20_000, 20_000, start_us=0, rate=10_000))
+        for i in range(WARM_UP_BATCHES):
+            engine.send(STREAM, gen.records(i * WARM_UP_ROWS, WARM_UP_ROWS, start_us=0, rate=10_000))
         engine.end(STREAM)
     finally:
         engine.undeploy(workload)
