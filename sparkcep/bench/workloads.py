@@ -71,9 +71,8 @@ class RunningCount(cep.StatefulOperator):
         last, count = running_count(state, (h, w0, w1, koff, kdata, np.asarray(bins, np.int64)))
         if not len(last):
             return None
-        take = pa.array(last)
-        return pa.RecordBatch.from_arrays([batch.column("ip").take(take), pa.array(count, pa.int64()),
-                                           batch.column("key").take(take)], names=["ip", "count", "key"])
+        return pa.RecordBatch.from_arrays([columns.take(batch.column("ip"), last), pa.array(count, pa.int64()),
+                                           columns.take(batch.column("key"), last)], names=["ip", "count", "key"])
 
     def extract(self, state, bin):
         return state.extract(bin)

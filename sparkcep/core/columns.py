@@ -15,6 +15,12 @@ HIDDEN = (SEQ, TS, WM)
 KIND_FIXED, KIND_STRING = 0, 1
 
 
+def take(data, rows: np.ndarray):
+    """Rows ``rows`` of a batch or array. The engine computes its row numbers itself, so they are
+    in bounds: Arrow's bounds check is skipped (a sixth of a take's time)."""
+    return pc.take(data, pa.array(rows, pa.int64()), boundscheck=False)
+
+
 def values(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """(values, valid) of a numeric / bool / timestamp array; nulls hold 0 in values."""
     if pa.types.is_timestamp(arr.type):

@@ -150,7 +150,7 @@ class WindowJoin:
                              start, w.size_us, w.lateness_us)
         if not len(li_all) or not len(ri_all):
             return None
-        lw, rw = left.take(pa.array(li_all)), right.take(pa.array(ri_all))
+        lw, rw = columns.take(left, li_all), columns.take(right, ri_all)
         if self.left_keys:
             lw, rw = _non_null_keys(lw, self.left_keys), _non_null_keys(rw, self.right_keys)
             loff, ldata = columns.encode_keys(lw, self.left_keys)
@@ -161,7 +161,7 @@ class WindowJoin:
             ri = np.tile(np.arange(rw.num_rows), lw.num_rows)
         if not len(li):
             return None
-        return self._pairs(start, lw.take(pa.array(li)), rw.take(pa.array(ri)))
+        return self._pairs(start, columns.take(lw, li), columns.take(rw, ri))
 
     def _pairs(self, start: int, l: pa.RecordBatch, r: pa.RecordBatch) -> pa.RecordBatch:
         op, n, end = self.op, l.num_rows, start + self.window.size_us

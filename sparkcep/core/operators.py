@@ -237,7 +237,7 @@ def _take_ready(batches: list[pa.RecordBatch], frontier: int):
     if batch.num_rows == 0:
         return None, rest
     if seq.size > 1 and (np.diff(seq) < 0).any():
-        batch = batch.take(pa.array(np.argsort(seq, kind="stable")))
+        batch = columns.take(batch, np.argsort(seq, kind="stable"))
     return batch, rest
 
 

@@ -70,7 +70,7 @@ class RouteKey(Balancer):
         if (target == target[0]).all():
             return [(int(target[0]), batch)]
         order, bounds = group_rows(target, self.instances)
-        return [(i, batch.take(pa.array(order[bounds[i]:bounds[i + 1]])))
+        return [(i, columns.take(batch, order[bounds[i]:bounds[i + 1]]))
                 for i in range(self.instances) if bounds[i + 1] > bounds[i]]
 
 
