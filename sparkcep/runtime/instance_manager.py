@@ -34,6 +34,7 @@ import traceback
 from dataclasses import dataclass
 
 import psutil
+import pyarrow as pa
 
 from sparkcep.errors import EngineError
 from sparkcep.query.planner import plan
@@ -267,6 +268,9 @@ def serve(config: IMConfig, conn, close=()) -> None:
     try:
         pin(config.cpu)
         prefer_node(config.node)
+        # Arrow allocates through malloc here: its default mimalloc pool gives back freed pages and
+        # faults them in again as 2 MiB huge pages (THP), zeroing each: a third of fixwindow's time.
+        pa.set_memory_pool(pa.system_memory_pool())
         warm_up()  # at once when forked from a warm parent; else compiles or loads numba's cache
         im = InstanceManager(config, conn)
         conn.send(("ready", config.index, {"pid": os.getpid(), "cpu": config.cpu, "node": config.node}))
