@@ -135,10 +135,10 @@ def warm_spark(spark, names) -> None:
     (:func:`~sparkcep.bench.workloads.warm_up_input`): Spark's first queries pay for planning,
     code generation and a cold JIT, as ours pay for loading kernels."""
     from sparkcep.bench import spark as sb
+    records = workloads.WARM_UP_BATCHES * workloads.WARM_UP_ROWS
     wd = sb.workdir()
     try:
         for w in dict.fromkeys(names):
-            records = workloads.WARM_UP_BATCHES * workloads.WARM_UP_ROWS
             sb.run_query(spark, w, workloads.warm_up_input(), records, None, wd)
     finally:
         sb.cleanup(wd)
