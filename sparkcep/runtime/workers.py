@@ -306,7 +306,8 @@ class WorkerPool:
         return out
 
     def im_metrics(self, snaps: dict[int, dict], counters: dict) -> dict[int, dict]:
-        """Per instance manager: where it runs, whether it lives, memory, bytes in/out, instances."""
+        """Per instance manager: where it runs, whether it lives, memory, bytes in/out, instances,
+        Python GC pauses."""
         out = {}
         for w in self.workers:
             i = w.slot.index
@@ -316,7 +317,8 @@ class WorkerPool:
             s = snaps.get(i)
             if s is not None:
                 m.update(cpu_num=s["cpu_num"], rss_bytes=s["rss"], bytes_in=s["bytes_in"], bytes_out=s["bytes_out"],
-                         cpu_s=round(s["cpu_s"], 3), instances=sum(len(d) for d in s["deployments"].values()))
+                         cpu_s=round(s["cpu_s"], 3), instances=sum(len(d) for d in s["deployments"].values()),
+                         gc=s["gc"])
                 for k in ("cpu_s", "bytes_in", "bytes_out"):
                     counters[("im", i, k)] = s[k]
             out[i] = m
