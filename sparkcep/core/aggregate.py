@@ -130,7 +130,7 @@ def _put_string(acc_i, arena, meta, b, e, si, sdata, s0, n):
     acc_i[b, e, si + 1] = n
 
 
-FIRE_ROWS = 8192  # a fire yields batches of about this many rows
+FIRE_ROWS = 32_768  # a fire yields batches of about this many rows
 TS_SLOT = ACC  # tuple windows: the int slot before the functions' holds the window's largest event time
 GROUP = 256  # tuples whose first probe is touched before any of them is processed
 
@@ -489,6 +489,8 @@ class WindowAggregate:
 
         Yields one batch per range of bins holding about ``FIRE_ROWS`` entries,
         so the first rows leave while the rest are taken out; consume it whole.
+        The ranges are counted over the bins holding entries: an instance owns
+        only some of the bins.
         """
         if self.tuple_window or self.lowest_start is None:
             return
@@ -500,9 +502,11 @@ class WindowAggregate:
             if limit < self.lowest_start:
                 return
         self.lowest_start = None if watermark is None else (limit // w.advance_us + 1) * w.advance_us
-        step = max(1, self.bins * FIRE_ROWS // max(self.table.n_live, 1))
-        for lo in range(0, self.bins, step):
-            b, rows, koff, kdata = self.table.take_expired(limit, lo, min(self.bins, lo + step))
+        live = self.table.bins()
+        step = max(1, len(live) * FIRE_ROWS // max(self.table.n_live, 1))
+        for i in range(0, len(live), step):
+            lo, hi = live[i], live[min(i + step, len(live)) - 1] + 1
+            b, rows, koff, kdata = self.table.take_expired(limit, lo, hi)
             if len(b):
                 yield from self._emit(b, rows, koff, kdata, None)
 

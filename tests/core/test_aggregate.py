@@ -271,10 +271,12 @@ def test_string_values_updated_by_many_batches_stay_in_their_bins_arena():
     check(ref.Time(10 * S), sends, funcs=funcs)
 
 
-def test_a_large_fire_leaves_in_several_batches_with_every_window():
-    """Firing 20K windows yields batches of a few thousand rows (ranges of bins) that together are
-    exactly the reference's windows, string maxima included."""
-    from sparkcep.core.aggregate import FIRE_ROWS
+def test_a_large_fire_leaves_in_batches_of_about_fire_rows(monkeypatch):
+    """Firing 20K windows on 2 instances, each owning half of the bins, yields batches of about
+    ``FIRE_ROWS`` rows (ranges of the bins an instance holds) that together are exactly the
+    reference's windows, string maxima included."""
+    from sparkcep.core import aggregate
+    monkeypatch.setattr(aggregate, "FIRE_ROWS", 2000)
     n = 20_000
     funcs = [("n", "count", None), ("lo", "min", "v"), ("hi", "max", "s")]
     rows = [row(f"10.0.{i % 251}.{i}", (i % 7) * 0.5, v=i, s=f"s{i % 13}") for i in range(n)]
@@ -282,10 +284,10 @@ def test_a_large_fire_leaves_in_several_batches_with_every_window():
     sends = [("ev", rows), ("ev", [row("closer", 25)])]
     batches = []
     with cep.Engine.local() as e:
-        e.deploy(agg_query(ref.Time(10 * S), funcs=funcs))
+        e.deploy(agg_query(ref.Time(10 * S), funcs=funcs), parallelism=2)
         e.subscribe("out", batches.append)
         for _, rs in sends:
             e.send("ev", table(rs, EV))
-        assert len(batches) >= n // FIRE_ROWS and max(b.num_rows for b in batches) < n
+        assert len(batches) >= n // 2000 and max(b.num_rows for b in batches) <= 2000 * 5 // 4
         assert sum(b.num_rows for b in batches) == n
     check(ref.Time(10 * S), sends, funcs=funcs)
