@@ -58,7 +58,7 @@ def main(argv=None) -> int:
         session = sb.session()
         session.sparkContext.setLogLevel("ERROR")
         try:
-            cli.warm_spark(session, ["fixwindow"])
+            cli.warm_spark(session, ["fixwindow"], a.ips)
             theirs = cli.run_spark(session, "fixwindow", a.rate, a.events, args, console)
         finally:
             session.stop()

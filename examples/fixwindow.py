@@ -48,7 +48,7 @@ def main(argv=None) -> int:
         print(f"error: {e} [{e.code}]", file=sys.stderr)
         return 2
     with engine:
-        workloads.warm_up(engine, "fixwindow", a.workers)  # compile every worker's kernels, untimed
+        workloads.warm_up(engine, "fixwindow", a.workers, a.ips)  # compile every worker's kernels, untimed
         engine.deploy(workloads.query("fixwindow"), parallelism=workloads.parallelism("fixwindow", a.workers))
         gen = UserVisits(seed=a.seed, distinct_ips=a.ips)
         print(f"fixwindow: {a.events:,} records of {gen.record_bytes} bytes, {a.ips:,} IPs, "

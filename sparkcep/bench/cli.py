@@ -80,7 +80,7 @@ def run(args) -> int:
         spark = sb.session()
         spark.sparkContext.setLogLevel("ERROR")
         try:
-            warm_spark(spark, names)
+            warm_spark(spark, names, args.ips)
             theirs = []
             for w, rate, events in plans:
                 theirs.append(run_spark(spark, w, rate, events, args, console))
@@ -113,7 +113,7 @@ def run_sparkcep(workload: str, rate, events: int, args, console) -> dict:
     label = f"sparkcep {workload} {'max' if not rate else f'{rate:,.0f}/s'}"
     with _progress(console, label, events) as bar, cep.Engine.local(workers=args.workers) as engine:
         task = bar.add_task(label, total=events, rate="")
-        workloads.warm_up(engine, workload, instances)
+        workloads.warm_up(engine, workload, instances, args.ips)
         engine.deploy(workloads.query(workload), parallelism=workloads.parallelism(workload, instances),
                       retain=False)  # like Spark's noop sink: results are counted and timed, not kept
 
@@ -130,7 +130,7 @@ def run_sparkcep(workload: str, rate, events: int, args, console) -> dict:
     return res
 
 
-def warm_spark(spark, names) -> None:
+def warm_spark(spark, names, ips: int) -> None:
     """Run each workload of ``names`` once, untimed, on the records sparkcep warms up on
     (:func:`~sparkcep.bench.workloads.warm_up_input`): Spark's first queries pay for planning,
     code generation and a cold JIT, as ours pay for loading kernels."""
@@ -139,7 +139,7 @@ def warm_spark(spark, names) -> None:
     wd = sb.workdir()
     try:
         for w in dict.fromkeys(names):
-            sb.run_query(spark, w, workloads.warm_up_input(), records, None, wd)
+            sb.run_query(spark, w, workloads.warm_up_input(ips), records, None, wd)
     finally:
         sb.cleanup(wd)
 
@@ -328,7 +328,8 @@ def write_report(path: Path, results: list[dict], args) -> None:
         "* Order: every sparkcep run first (each in a fresh engine, outputs deployed with `retain=False` as "
         "Spark's noop sink keeps nothing), then every Spark run in one session, so neither engine's idle "
         "processes share the machine with the other's measurements. Warm-up, untimed: each engine first runs "
-        "each workload on the same 80,000 records (20,000 IPs).",
+        f"each workload on the same {workloads.WARM_UP_BATCHES * workloads.WARM_UP_ROWS:,} records, drawn from the "
+        f"run's {args.ips:,} IPs. Both drivers freeze Python's garbage collector before their clock starts.",
         "* The machine is shared and noisy: compare the ratio, not the absolute figures, and rerun for medians.",
         "",
     ]

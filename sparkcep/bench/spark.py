@@ -32,6 +32,7 @@ with ``end``.
 from __future__ import annotations
 
 import datetime as dt
+import gc
 import json
 import os
 import shutil
@@ -226,6 +227,7 @@ def run_query(spark, workload: str, gen: UserVisits, events: int, rate: float | 
         log = FileLog()
     source = spark.readStream.schema(_spark_schema()).parquet(str(inp))
     df, mode = workload_df(spark, workload, source, instances)
+    gc.freeze()  # as the sparkcep driver does (:mod:`sparkcep.bench.driver`): no full collection pauses the feeder
     t_start = time.time_ns()
     q = (df.writeStream.format("noop").outputMode(mode).option("checkpointLocation", str(ckpt))
          .queryName(f"bench_{workload}_{os.getpid()}_{t_start}").start())

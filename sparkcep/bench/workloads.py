@@ -114,17 +114,19 @@ def parallelism(workload: str, instances: int) -> int:
 WARM_UP_BATCHES, WARM_UP_ROWS = 4, 20_000  # the untimed run before a measured one, the same for Spark
 
 
-def warm_up_input():
-    """The records both engines run a workload on, untimed, before it is measured (20K IPs)."""
+def warm_up_input(ips: int):
+    """The records both engines run a workload on, untimed, before it is measured: drawn from the
+    measured run's ``ips`` IPs, so a first window close is as large there as in the run."""
     from sparkcep.bench.generator import UserVisits
-    return UserVisits(seed=1, distinct_ips=20_000, cycle=1 << 16)
+    return UserVisits(seed=1, distinct_ips=ips, cycle=1 << 16)
 
 
-def warm_up(engine: cep.Engine, workload: str, instances: int) -> None:
-    """Run ``workload`` briefly on ``engine``, untimed, then undeploy it: every instance manager
-    compiles (or loads from numba's cache) the kernels the measured run will call, for the array
-    types it will call them with, growing its tables included."""
-    gen = warm_up_input()
+def warm_up(engine: cep.Engine, workload: str, instances: int, ips: int) -> None:
+    """Run ``workload`` briefly on ``engine`` over :func:`warm_up_input`, untimed, then undeploy it:
+    every instance manager compiles (or loads from numba's cache) the kernels the measured run will
+    call, for the array types it will call them with, growing its tables included, and every process
+    has touched memory of the sizes a window close of the measured run allocates."""
+    gen = warm_up_input(ips)
     engine.deploy(query(workload), parallelism=parallelism(workload, instances))
     try:
         for i in range(WARM_UP_BATCHES):
