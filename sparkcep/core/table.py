@@ -288,37 +288,64 @@ def take_entries(T, bins, entries):
     return out, koff, kdata
 
 
+@njit(nogil=True, cache=True, inline="always")
+def sweep_tombstones(ent, meta, b):
+    """Free every tombstone of bin ``b`` that no probe needs, in one backward pass over its slots.
+
+    A probe walks forward to the first free slot, so a tombstone is needed
+    only where a live entry follows it before a free slot: walking backwards
+    from a free slot, that is one flag. For a bin mostly emptied at once
+    (:func:`take_expired`); :func:`free_runs` costs less for a few deletions.
+    Branch-free, as live, deleted and free slots alternate at random there.
+    """
+    slots = ent.shape[1]
+    mask = slots - 1
+    start = 0  # a free slot (loads stay below 1)
+    while ent[b, start, KEY] != EMPTY:
+        start += 1
+    need, tombs, i = False, 0, start
+    for _ in range(slots):
+        i = (i - 1) & mask
+        k = ent[b, i, KEY]
+        tomb = k == TOMB
+        keep = tomb & need
+        ent[b, i, KEY] = EMPTY if tomb and not need else k
+        need = (k >= 0) | keep
+        tombs += keep
+    meta[b, N_TOMB] = tombs
+
+
 @njit(nogil=True, cache=True)
 def take_expired(T, max_wstart, lo, hi):
     """Take out every window entry of bins ``[lo, hi)`` starting at or before ``max_wstart``, in one
-    pass, bin by bin in slot order: (their bins, columns, key offsets, key bytes), as :func:`take_entries`."""
+    pass, bin by bin in slot order: (their bins, columns, key offsets, key bytes), as :func:`take_entries`.
+
+    The scan is branch-free: every slot is copied to the next output column,
+    which only a taken entry keeps (the output has one spare column for it).
+    Branching on the slot's state mispredicted about every other slot.
+    """
     ent, arena, meta = T
     cap = 0
     for b in range(lo, hi):
         cap += meta[b, N_LIVE]
-    bins = np.empty(cap, np.int64)
-    slots = np.empty(cap, np.int64)
-    out = np.empty((ent.shape[2], cap), np.int64)
+    bins = np.empty(cap + 1, np.int64)
+    out = np.empty((ent.shape[2], cap + 1), np.int64)
     n = 0
     for b in range(lo, hi):
         if meta[b, N_LIVE] == 0:  # e.g. a bin another instance owns: do not walk its slots
             continue
         first = n
         for e in range(ent.shape[1]):
-            if ent[b, e, KEY] < 0:
-                continue
+            k = ent[b, e, KEY]
             w = ent[b, e, WSTART]
-            if w == COUNTER or w > max_wstart:
-                continue
+            take = (k >= 0) & (w != COUNTER) & (w <= max_wstart)
             for c in range(ent.shape[2]):
                 out[c, n] = ent[b, e, c]
-            ent[b, e, KEY] = TOMB
             bins[n] = b
-            slots[n] = e
-            n += 1
+            ent[b, e, KEY] = TOMB if take else k
+            n += take
         meta[b, N_LIVE] -= n - first
-        meta[b, N_TOMB] += n - first
-        free_runs(ent, meta, b, slots, first, n)
+        sweep_tombstones(ent, meta, b)
         clean(ent, arena, meta, b)
     koff, kdata = keys_out(out[:, :n], bins[:n], arena)
     return bins[:n], out[:, :n], koff, kdata

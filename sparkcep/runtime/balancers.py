@@ -1,7 +1,9 @@
 """Balancers (UPM-CEP §4.1): how one edge spreads batches over the target's instances.
 
 * point-to-point: one target instance gets everything;
-* round-robin: batches (large ones cut into slices) rotate over the instances;
+* round-robin: batches rotate over the instances, cut into one slice per
+  instance (of at least ``MIN_SLICE_ROWS``, at most ``SLICE_ROWS`` rows), so
+  that every instance works on a batch at once;
 * route-key: hash of the key fields -> bin -> instance through the bin table,
   the table migration changes at run time;
 * broadcast: every instance gets every batch.
@@ -18,6 +20,7 @@ from sparkcep.core.table import group_rows
 from sparkcep.query.planner import BROADCAST, POINT_TO_POINT, ROUND_ROBIN, ROUTE_KEY, Edge
 
 SLICE_ROWS = 16_384  # round-robin cuts batches into slices of at most this many rows
+MIN_SLICE_ROWS = 2_048  # and of at least this many: smaller ones cost more per row than they save
 
 
 class Balancer:
@@ -40,9 +43,11 @@ class RoundRobin(Balancer):
         self.next = 0
 
     def split(self, batch):
+        n = batch.num_rows
+        rows = min(SLICE_ROWS, max(MIN_SLICE_ROWS, -(-n // self.instances)))
         out = []
-        for start in range(0, max(batch.num_rows, 1), SLICE_ROWS):
-            out.append((self.next, batch.slice(start, SLICE_ROWS)))
+        for start in range(0, max(n, 1), rows):
+            out.append((self.next, batch.slice(start, rows)))
             self.next = (self.next + 1) % self.instances
         return out
 
