@@ -87,7 +87,7 @@ def from_bits(bits: np.ndarray, valid: np.ndarray, type_name: str) -> pa.Array:
         v = bits.astype(np.bool_)
     else:
         v = bits.view(np.int64)
-    return pa.array(v, mask=~valid).cast(TYPES[type_name])
+    return pa.array(v, mask=None if valid.all() else ~valid).cast(TYPES[type_name])  # a mask costs 5x the rest
 
 
 def encode_keys(batch: pa.RecordBatch, fields: list[str]) -> tuple[np.ndarray, np.ndarray]:

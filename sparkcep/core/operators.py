@@ -226,7 +226,7 @@ class CustomOp(StatefulOp):
 
 def _take_ready(batches: list[pa.RecordBatch], frontier: int):
     """(rows with seq <= frontier sorted by seq, the remaining batches)."""
-    batch = batches[0] if len(batches) == 1 else pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
+    batch = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
     seq = batch.column(columns.SEQ).to_numpy()
     rest: list[pa.RecordBatch] = []
     if seq.size and seq.max() > frontier:
