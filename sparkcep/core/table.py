@@ -170,7 +170,8 @@ def free_runs(ent, meta, b, entries, lo, hi):
     A probe stops at the first free slot, so a tombstone followed by a free
     slot can never be passed over again: it and the run of tombstones
     before it become free. Walking the deleted entries backwards frees
-    whole runs — after a window fires, most of a bin.
+    whole runs. For a few deletions; a fire, which empties most of a bin,
+    sweeps the bin instead (:func:`sweep_tombstones`).
     """
     mask = ent.shape[1] - 1
     for j in range(hi - 1, lo - 1, -1):
@@ -322,7 +323,8 @@ def take_expired(T, max_wstart, lo, hi):
 
     The scan is branch-free: every slot is copied to the next output column,
     which only a taken entry keeps (the output has one spare column for it).
-    Branching on the slot's state mispredicted about every other slot.
+    Branching on each slot's state was slower: live, free and deleted slots
+    alternate at random.
     """
     ent, arena, meta = T
     cap = 0
