@@ -9,7 +9,9 @@ watermarks are stamped here, in :meth:`Engine.send`) and the output logs.
 
 from __future__ import annotations
 
+import itertools
 import threading
+import uuid
 
 import numpy as np
 import pyarrow as pa
@@ -36,6 +38,8 @@ class Engine:
         if not isinstance(workers, int) or isinstance(workers, bool) or workers < 0:
             raise EngineError(f"workers must be an int >= 0, got {workers!r}", "WORKERS")
         self.workers = workers
+        self.run_id = uuid.uuid4().hex  # names this engine run: offsets and checkpoints of another run are refused
+        self._deployment_ids = itertools.count(1)
         self.deployments: dict[str, Deployment] = {}
         self.streams: dict[str, list[Deployment]] = {}
         self.outputs: dict[str, OutputLog] = {}
@@ -108,13 +112,14 @@ class Engine:
             if name in self.outputs:
                 raise QueryError(f"stream {name!r} is an output of another query")
         with self._lock:
+            dep_id = f"{query.name}#{next(self._deployment_ids)}"
             if self.pool is None:
-                dep = Deployment(query, parallelism, bins)
+                dep = Deployment(dep_id, query, parallelism, bins)
             else:
                 from sparkcep.runtime.workers import WorkerDeployment
-                dep = WorkerDeployment(self.pool, query, parallelism, bins)
+                dep = WorkerDeployment(self.pool, dep_id, query, parallelism, bins)
             for out, op in query.outputs.items():
-                self.outputs[out] = dep.logs[out] = OutputLog(op.schema.to_arrow(), out, retain)
+                self.outputs[out] = dep.logs[out] = OutputLog(op.schema.to_arrow(), out, retain, deployment=dep_id)
                 self._producer[out] = dep
             for name in query.sources:
                 self.streams.setdefault(name, []).append(dep)

@@ -112,10 +112,10 @@ class Deployment:
     :meth:`progress` once per ``send`` (closing an epoch), and :meth:`end`.
     """
 
-    def __init__(self, query: Query, parallelism=1, bins: int = 128):
+    def __init__(self, id: str, query: Query, parallelism=1, bins: int = 128):
         if not isinstance(bins, int) or bins < 1 or bins & (bins - 1):
             raise QueryError(f"bins must be a power of two, got {bins}")
-        self.query, self.bins = query, bins
+        self.id, self.query, self.bins = id, query, bins
         self.plan = plan(query)
         self.parallelism = parallelism_of(self.plan, parallelism)
         self.layout = Layout(self.plan, self.parallelism)

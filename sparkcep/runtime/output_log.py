@@ -47,8 +47,9 @@ class OutputLog:
     they come.
     """
 
-    def __init__(self, schema: pa.Schema, name: str = "", retain: bool = True):
+    def __init__(self, schema: pa.Schema, name: str = "", retain: bool = True, deployment: str = ""):
         self.schema, self.name, self.retain = schema, name, retain
+        self.deployment = deployment  # id of the deployment producing it: positions belong to it
         self.subscribers: list[Callable[[pa.RecordBatch], None]] = []
         self.rows = 0  # rows produced since the start, retained or not
         self._parts: dict[int, _Partition] = {}
@@ -161,6 +162,20 @@ class OutputLog:
                 part.batches[0] = part.batches[0].slice(cut)
                 part.starts[0] = upto
             part.base = upto
+
+    def register(self, consumer: str, positions: dict[int, int] | None = None) -> None:
+        """Hold rows for ``consumer`` from ``positions`` (default: the earliest retained) on.
+
+        A consumer registered before it reads keeps other consumers' commits
+        from releasing rows it has not read yet. Registering again moves it
+        only forward, like :meth:`commit`.
+        """
+        with self._lock:
+            mine = self._consumers.setdefault(consumer, {})
+            start = {p: part.base for p, part in self._parts.items()}
+            start.update({int(p): int(v) for p, v in (positions or {}).items()})
+            for p, pos in start.items():
+                mine[p] = max(mine.get(p, 0), pos)
 
     def commit(self, positions: dict[int, int], consumer: str = "default") -> None:
         """``consumer`` has processed every row before ``positions[p]`` in each partition ``p``.

@@ -45,7 +45,6 @@ START_TIMEOUT_S = 120.0
 REPLY_TIMEOUT_S = 30.0
 WAIT_TIMEOUT_S = 120.0     # collect()/wait(): outputs must catch up within this long
 SEND_TIMEOUT_S = 60.0      # send(): a ring must take something within this long
-_ids = itertools.count(1)
 
 try:
     import cloudpickle as _pickler  # user functions defined in __main__ or as lambdas
@@ -336,16 +335,15 @@ class WorkerPool:
 class WorkerDeployment(Deployment):
     """A query whose instances run in the pool's instance managers."""
 
-    def __init__(self, pool: WorkerPool, query: Query, parallelism=1, bins: int = 128, traffic=None):
-        self.pool, self.traffic = pool, traffic
+    def __init__(self, pool: WorkerPool, id: str, query: Query, parallelism=1, bins: int = 128):
+        self.pool = pool
         self.sink_lock = threading.Lock()
         self.closed = False
-        super().__init__(query, parallelism, bins)
+        super().__init__(id, query, parallelism, bins)
 
     def _connect(self) -> None:
         pool, layout = self.pool, self.layout
-        self.id = f"{self.query.name}#{next(_ids)}"
-        self.assignment = place(layout, pool.slots, pool.topology, self.traffic, pool.load())
+        self.assignment = place(layout, pool.slots, pool.topology, None, pool.load())
         self.runners = []
         self.rings: dict[tuple[Endpoint, Endpoint], str] = {}
         tag = "".join(ch if ch.isalnum() else "_" for ch in self.id)

@@ -53,10 +53,10 @@ def test_global_aggregate_is_point_to_point_and_single_instance():
     p = plan(q)
     assert shape(q) == [(["agg"], [("a", 0, "point-to-point", [])])]
     assert not p.subqueries[0].parallelizable
-    d = Deployment(q, parallelism=4)
+    d = Deployment("t#1", q, parallelism=4)
     assert d.parallelism == {"SQ1": 1}
     with pytest.raises(cep.QueryError, match="global aggregate"):
-        Deployment(q, parallelism={"agg": 2})
+        Deployment("t#1", q, parallelism={"agg": 2})
 
 
 def test_union_starts_a_subquery():
@@ -112,7 +112,7 @@ def test_explain_shows_subqueries_balancers_and_point_to_point_for_one_instance(
     assert "in 0: a --round-robin--> f" in text
     assert "in 0: SQ1.f --route-key(k)--> agg" in text
     assert "output o <- SQ2.agg" in text
-    d = Deployment(q, parallelism={"agg": 3})
+    d = Deployment("t#1", q, parallelism={"agg": 3})
     shown = d.explain()
     assert "SQ2 x3" in shown and "SQ1 x1" in shown
     assert "SQ1.f --route-key(k)--> agg" in shown
@@ -122,13 +122,13 @@ def test_explain_shows_subqueries_balancers_and_point_to_point_for_one_instance(
 def test_parallelism_forms_and_errors():
     q, a, _ = streams()
     q.output("o", a.filter(col("v") > 0, name="f").aggregate(cep.TimeWindow("1s"), by="k", n=cep.count(), name="agg"))
-    assert Deployment(q, parallelism=3).parallelism == {"SQ1": 3, "SQ2": 3}
-    assert Deployment(q, parallelism={"agg": 2}).parallelism == {"SQ1": 1, "SQ2": 2}
+    assert Deployment("t#1", q, parallelism=3).parallelism == {"SQ1": 3, "SQ2": 3}
+    assert Deployment("t#1", q, parallelism={"agg": 2}).parallelism == {"SQ1": 1, "SQ2": 2}
     for bad in (0, {"nope": 2}, {"agg": 0}, {"agg": 1.5}, "2"):
         with pytest.raises(cep.QueryError):
-            Deployment(q, parallelism=bad)
+            Deployment("t#1", q, parallelism=bad)
     with pytest.raises(cep.QueryError, match="power of two"):
-        Deployment(q, bins=100)
+        Deployment("t#1", q, bins=100)
 
 
 def test_duplicate_names_and_outputs():
