@@ -12,7 +12,8 @@ import numpy as np
 import pyarrow as pa
 
 from sparkcep.core import columns, strings
-from sparkcep.query.expressions import BinOp, Col, Expr, IsNull, Lit, Not, StartsWith
+from sparkcep.core.split import split_part
+from sparkcep.query.expressions import BinOp, Col, Expr, IsNull, Lit, Not, SplitPart, StartsWith
 from sparkcep.schema import TYPES, Schema
 
 _NUMPY = {"+": np.add, "-": np.subtract, "*": np.multiply, "==": np.equal, "!=": np.not_equal,
@@ -42,6 +43,9 @@ def evaluate(expr: Expr, batch: pa.RecordBatch, schema: Schema):
         (off, data), ok = evaluate(expr.operand, batch, schema)
         hit = strings.startswith(off, data, np.frombuffer(expr.prefix.encode(), np.uint8))
         return (np.repeat(hit, n) if len(hit) != n else hit), ok  # a string literal: one answer per row
+    if isinstance(expr, SplitPart):  # a string literal stays one (offsets of one row)
+        (off, data), ok = evaluate(expr.operand, batch, schema)
+        return split_part(off, data, expr.delimiter, expr.part), ok
     if isinstance(expr, BinOp):
         return _binop(expr, batch, schema)
     raise TypeError(f"cannot evaluate {expr!r}")

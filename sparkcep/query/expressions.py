@@ -1,5 +1,5 @@
 """Expressions over the fields of a stream: columns, literals, arithmetic,
-comparisons, boolean logic, ``is_null`` and string ``startswith``.
+comparisons, boolean logic, ``is_null``, string ``startswith`` and ``split_part``.
 
 Expressions are descriptions; :mod:`sparkcep.core.evaluate` runs them over
 columnar batches. Nulls propagate through arithmetic and comparisons;
@@ -74,6 +74,15 @@ class Expr:
         if not isinstance(prefix, str):
             raise QueryError(f"startswith takes a str prefix, got {prefix!r}")
         return StartsWith(self, prefix)
+
+    def split_part(self, delimiter: str, part: int) -> "Expr":
+        """Field ``part`` of a string cut at every ``delimiter``, as Spark's ``split_part``:
+        from 1 (negative: from the end); past the last field, the empty string.
+
+        >>> col("value").split_part(",", 1)  # HiBench's source IP
+        col('value').split_part(',', 1)
+        """
+        return SplitPart(self, delimiter, part)
 
 
 class Col(Expr):
@@ -201,6 +210,27 @@ class StartsWith(Expr):
 
     def __repr__(self):
         return f"{self.operand!r}.startswith({self.prefix!r})"
+
+
+class SplitPart(Expr):
+    def __init__(self, operand: Expr, delimiter: str, part: int):
+        if not isinstance(delimiter, str):
+            raise QueryError(f"split_part takes a str delimiter, got {delimiter!r}")
+        if not isinstance(part, int) or isinstance(part, bool) or part == 0:
+            raise QueryError(f"split_part takes a part number from 1 (or from -1 at the end), got {part!r}")
+        self.operand, self.delimiter, self.part = operand, delimiter, part
+
+    def children(self):
+        return (self.operand,)
+
+    def type(self, schema):
+        t = self.operand.type(schema)
+        if t != "string":
+            raise SchemaError(f"split_part needs a string, got {t} in {self!r}")
+        return "string"
+
+    def __repr__(self):
+        return f"{self.operand!r}.split_part({self.delimiter!r}, {self.part})"
 
 
 def col(name: str) -> Col:
