@@ -12,11 +12,12 @@ from sparkcep.query.aggregates import avg, count, first, last, max, min, sum
 from sparkcep.query.expressions import col, lit
 from sparkcep.query.operators import StatefulOperator, Stream
 from sparkcep.query.query import Query
+from sparkcep.query.running import Running
 from sparkcep.query.windows import TimeWindow, TupleWindow
 from sparkcep.engine import Engine
 from sparkcep.schema import Schema
 
-__all__ = ["Query", "Stream", "Schema", "Engine", "TimeWindow", "TupleWindow", "col", "lit",
+__all__ = ["Query", "Stream", "Schema", "Engine", "TimeWindow", "TupleWindow", "Running", "col", "lit",
            "count", "sum", "avg", "min", "max", "first", "last", "StatefulOperator",
            "SparkcepError", "SchemaError", "QueryError", "InputError", "UnknownStreamError", "EngineError"]
 __version__ = "0.1.0"

@@ -18,8 +18,10 @@ from sparkcep.core.aggregate import WindowAggregate
 from sparkcep.core.evaluate import evaluate, to_arrow
 from sparkcep.core.hashing import hash_rows
 from sparkcep.core.join import WindowJoin
+from sparkcep.core.running import RunningAggregate
 from sparkcep.errors import QueryError
 from sparkcep.query import operators as logical
+from sparkcep.query.running import Running
 from sparkcep.query.windows import TimeWindow
 
 WM_END = np.iinfo(np.int64).max  # the watermark of an ended input
@@ -128,7 +130,8 @@ class StatefulOp(PhysicalOperator):
 class AggregateOp(StatefulOp):
     def __init__(self, op: logical.Aggregate, bins: int):
         super().__init__(op, bins)
-        self.agg = WindowAggregate(op.window, op.by, op.funcs, op.inputs[0].schema, op.schema, bins)
+        kind = RunningAggregate if isinstance(op.window, Running) else WindowAggregate
+        self.agg = kind(op.window, op.by, op.funcs, op.inputs[0].schema, op.schema, bins)
 
     def consume(self, port, batch):
         return self.agg.add(batch)

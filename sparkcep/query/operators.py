@@ -15,6 +15,7 @@ import pyarrow as pa
 from sparkcep.errors import QueryError, SchemaError
 from sparkcep.query.aggregates import AggFunc
 from sparkcep.query.expressions import Col, Expr, col
+from sparkcep.query.running import Running
 from sparkcep.query.windows import TimeWindow, TupleWindow
 from sparkcep.schema import Schema, as_schema
 
@@ -119,8 +120,8 @@ class Aggregate(Operator):
     stateful = True
 
     def __init__(self, query, source, window, by: list[str], funcs: dict[str, AggFunc], name):
-        if not isinstance(window, (TimeWindow, TupleWindow)):
-            raise QueryError(f"aggregate() needs a TimeWindow or TupleWindow, got {window!r}")
+        if not isinstance(window, (TimeWindow, TupleWindow, Running)):
+            raise QueryError(f"aggregate() needs a TimeWindow, TupleWindow or Running, got {window!r}")
         if isinstance(window, TimeWindow) and source.time_field is None:
             raise QueryError(f"TimeWindow needs an event-time (timestamp) field; stream {source.name!r} has none")
         if not funcs:
@@ -128,8 +129,9 @@ class Aggregate(Operator):
         by = [by] if isinstance(by, str) else list(by)
         for f in by:
             source.schema.type_of(f, "aggregate by=")
-        fields = {"window_start": "int64" if isinstance(window, TupleWindow) else "timestamp",
-                  "window_end": "int64" if isinstance(window, TupleWindow) else "timestamp"}
+        fields = {} if isinstance(window, Running) else \
+            {"window_start": "int64" if isinstance(window, TupleWindow) else "timestamp",
+             "window_end": "int64" if isinstance(window, TupleWindow) else "timestamp"}
         fields.update({f: source.schema.fields[f] for f in by})
         for out, fn in funcs.items():
             if not isinstance(fn, AggFunc):
@@ -288,7 +290,8 @@ class Stream:
         return Stream(Apply(self.op.query, self.op, fn, schema, name))
 
     def aggregate(self, window, by=(), name: str | None = None, **funcs: AggFunc) -> "Stream":
-        """Windowed aggregation: one row per window and group, see :mod:`sparkcep.query.aggregates`."""
+        """Windowed aggregation: one row per window and group, see :mod:`sparkcep.query.aggregates`;
+        with :class:`~sparkcep.query.running.Running`, one row per group after each batch that updated it."""
         return Stream(Aggregate(self.op.query, self.op, window, by, funcs, name))
 
     def join(self, other: "Stream", window: TimeWindow, on=None, where: Expr | None = None,
