@@ -269,9 +269,13 @@ class Stream:
         """Keep the tuples where ``condition`` is true (null counts as false)."""
         return Stream(Filter(self.op.query, self.op, condition, name))
 
-    def map(self, name: str | None = None, **fields) -> "Stream":
-        """Project to exactly ``fields``: each a source field name or an expression."""
-        return Stream(Map(self.op.query, self.op, fields, name))
+    def map(self, fields: dict | None = None, /, name: str | None = None, **more) -> "Stream":
+        """Project to exactly ``fields``: each a source field name or an expression; as keywords,
+        or as a dict for names a keyword cannot be (``map({"name": "name"})``)."""
+        clash = set(fields or {}) & set(more)
+        if clash:
+            raise QueryError(f"map() field {sorted(clash)[0]!r} is given twice, in the dict and as a keyword")
+        return Stream(Map(self.op.query, self.op, {**(fields or {}), **more}, name))
 
     def demux(self, *conditions: Expr, name: str | None = None) -> tuple["Stream", ...]:
         """One stream per condition; a tuple goes to every branch whose condition holds."""
