@@ -17,7 +17,8 @@ import numpy as np
 import pyarrow as pa
 
 from sparkcep.core import columns
-from sparkcep.core.ingest import to_batch
+from sparkcep.core.ingest import check_event_times, to_batch
+from sparkcep.core.operators import WM_NONE
 from sparkcep.errors import EngineError, InputError, QueryError, UnknownStreamError
 from sparkcep.query.query import Query
 from sparkcep.runtime.deployment import Deployment
@@ -156,10 +157,21 @@ class Engine:
         if n == 0:
             return 0
         with self._lock:
+            if src.time_field is not None:
+                seen = max(dep.sources[stream].max_ts for dep in deps)
+                check_event_times(stream, src.time_field, batch.column(src.time_field).cast(pa.int64()).to_numpy(),
+                                  None if seen == WM_NONE else seen, src.max_ahead_us)
             return self._send(stream, deps, batch, src.time_field)
 
     def _send(self, stream: str, deps: list[Deployment], batch: pa.RecordBatch, time_field: str | None) -> int:
-        """Stamp ``batch`` (sequence numbers, event time, watermark) and hand it to ``deps``."""
+        """Stamp ``batch`` (sequence numbers, event time, watermark) and hand it to ``deps``, all or nothing.
+
+        Until every deployment's channels hold the whole batch, any failure
+        (a full ring that does not drain, a dead worker, an interrupt) aborts
+        the epoch in every deployment and the sequence numbers stay free.
+        Then the epoch is closed everywhere; an operator failing on it fails
+        its deployment, whose outputs never show the epoch.
+        """
         n = batch.num_rows
         for dep in deps:
             dep.check()
@@ -168,15 +180,31 @@ class Engine:
             ts = batch.column(time_field).cast(pa.int64()).to_numpy()
         else:
             ts = np.zeros(n, np.int64)
-        for dep in deps:
-            before = dep.sources[stream].max_ts
-            stamped = batch.append_column(columns.SEQ, pa.array(seq)) \
-                .append_column(columns.TS, pa.array(ts)) \
-                .append_column(columns.WM, pa.array(np.full(n, before, np.int64)))
-            dep.push(stream, stamped, int(ts.max()))
+        pushed = []
+        try:
+            for dep in deps:
+                before = dep.sources[stream].max_ts
+                stamped = batch.append_column(columns.SEQ, pa.array(seq)) \
+                    .append_column(columns.TS, pa.array(ts)) \
+                    .append_column(columns.WM, pa.array(np.full(n, before, np.int64)))
+                pushed.append(dep)
+                dep.push(stream, stamped, int(ts.max()))
+            for dep in deps:
+                dep.flush()
+        except BaseException:
+            for dep in pushed:
+                if dep.error is None:
+                    dep.abort()
+            raise
         self._seq += n
+        failed = None
         for dep in deps:
-            dep.progress(self._seq - 1)
+            try:
+                dep.progress(self._seq - 1)
+            except EngineError as e:
+                failed = failed or e
+        if failed is not None:
+            raise failed
         return n
 
     def end(self, stream: str) -> None:

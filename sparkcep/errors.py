@@ -44,3 +44,9 @@ class EngineError(SparkcepError):
     """The engine or one of its processes failed."""
 
     code = "ENGINE"
+
+
+class OperatorError(EngineError):
+    """An operator raised while running: its deployment fails, the epoch it was in leaves no trace."""
+
+    code = "OPERATOR_FAILED"

@@ -2,7 +2,8 @@
 
 Accepts a pyarrow Table/RecordBatch, a pandas DataFrame or a dict of columns.
 A batch is checked whole before anything of it is applied: a missing or
-unknown field, a value of the wrong type or a null event time raises
+unknown field, a value of the wrong type or out of its type's range, a null
+event time or one implausibly far ahead of the stream's watermark raises
 :class:`~sparkcep.errors.InputError` naming the stream, field and row.
 """
 
@@ -15,6 +16,7 @@ from sparkcep.errors import InputError
 from sparkcep.schema import Schema, type_name
 
 # Widening casts accepted without complaint; anything else must match exactly.
+_BAD_VALUE = (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError)
 _SAFE = {("int32", "int64"), ("int32", "float64"), ("int64", "float64"), ("float32", "float64"),
          ("int32", "float32"), ("float64", "float32"), ("int64", "int32")}
 
@@ -60,7 +62,7 @@ def _convert(stream: str, field: str, want: str, values) -> pa.Array:
     target = pa.schema([(field, _arrow(want))]).field(0).type
     try:
         arr = values if isinstance(values, pa.Array) else pa.array(values, from_pandas=True)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as e:
+    except _BAD_VALUE as e:
         arr = _convert_explicit(stream, field, want, values, target, e)
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
@@ -76,7 +78,8 @@ def _convert(stream: str, field: str, want: str, values) -> pa.Array:
         try:
             return arr.cast(target, safe=True)
         except pa.ArrowInvalid as e:
-            raise InputError(f"stream {stream!r}: field {field!r}: cannot convert {got} to {want}: {e}", "TYPE") from None
+            raise InputError(f"stream {stream!r}: field {field!r}: cannot convert {got} to {want}: {e}"
+                             + _first_bad(arr, target), "TYPE") from None
     hint = ("; send datetimes or a pyarrow timestamp column (integers are ambiguous: s, ms or us?)"
             if want == "timestamp" and got in ("int32", "int64") else "")
     raise InputError(f"stream {stream!r}: field {field!r} expects {want}, got {got}{hint}"
@@ -86,7 +89,7 @@ def _convert(stream: str, field: str, want: str, values) -> pa.Array:
 def _convert_explicit(stream, field, want, values, target, error):
     try:
         return pa.array(values, type=target, from_pandas=True)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError):
+    except _BAD_VALUE:
         raise InputError(f"stream {stream!r}: field {field!r} expects {want}: {error}"
                          + _first_bad(values, target), "TYPE") from None
 
@@ -100,9 +103,34 @@ def _first_bad(values, target) -> str:
     for i, v in enumerate(items):
         try:
             pa.array([v], type=target, from_pandas=True)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError):
+        except _BAD_VALUE:
             return f" (row {i}: {v!r})"
     return ""
+
+
+def check_event_times(stream: str, time_field: str, ts: np.ndarray, watermark: int | None,
+                      max_ahead_us: int | None) -> None:
+    """Refuse event times more than ``max_ahead_us`` ahead of the stream's ``watermark``.
+
+    ``watermark``: the largest event time the stream took so far (None before
+    its first tuple: then the batch's earliest time is the reference). One
+    event dated centuries ahead would otherwise make every later one late.
+    """
+    if max_ahead_us is None or ts.size == 0:
+        return
+    ref = int(ts.min()) if watermark is None else watermark
+    ahead = np.flatnonzero(ts > ref + max_ahead_us)
+    if ahead.size:
+        row = int(ahead[0])
+        at, base = _iso(int(ts[row])), _iso(ref)
+        what = "the stream's watermark" if watermark is not None else "the batch's earliest event time"
+        raise InputError(f"stream {stream!r}: event-time field {time_field!r} at row {row} is {at}, more than "
+                         f"{max_ahead_us / 86_400e6:g} days ahead of {what} ({base}); a clock or unit error? "
+                         "Raise the bound with q.stream(..., max_ahead=...) (None: no bound)", "TIME_AHEAD")
+
+
+def _iso(us: int) -> str:
+    return str(np.datetime64(us, "us"))
 
 
 def _arrow(name: str) -> pa.DataType:

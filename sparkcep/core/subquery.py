@@ -7,6 +7,7 @@ from typing import Iterator
 import pyarrow as pa
 
 from sparkcep.core.operators import PhysicalOperator, StatefulOp, physical
+from sparkcep.errors import OperatorError
 from sparkcep.query.planner import Edge, Plan, SubQuery
 
 
@@ -14,7 +15,8 @@ class SubQueryInstance:
     """Runs the operators of ``sq``; returns what leaves it, per exiting operator name.
 
     ``exits`` are the operators whose output another sub-query or a query
-    output consumes.
+    output consumes. Whatever an operator raises comes out as an
+    :class:`~sparkcep.errors.OperatorError` naming the operator and its query.
     """
 
     def __init__(self, plan: Plan, sq: SubQuery, index: int, bins: int):
@@ -45,7 +47,16 @@ class SubQueryInstance:
         Yields (exiting operator, batch) pairs as they are produced.
         """
         name = self.sq.head.name
-        for b in self.head.advance(frontier, watermark):
+        batches = iter(self.head.advance(frontier, watermark))
+        while True:
+            try:
+                b = next(batches)
+            except StopIteration:
+                return
+            except OperatorError:
+                raise
+            except Exception as e:
+                raise self._failed(name, e) from e
             out: list[tuple[str, pa.RecordBatch]] = []
             self._emit(name, b, out)
             yield from out
@@ -58,8 +69,19 @@ class SubQueryInstance:
         return self.head if isinstance(self.head, StatefulOp) else None
 
     def _push(self, name: str, port: int, batch: pa.RecordBatch, out) -> None:
-        for b in self.ops[name].process(port, batch):
+        try:
+            produced = self.ops[name].process(port, batch)
+        except OperatorError:
+            raise
+        except Exception as e:
+            raise self._failed(name, e) from e
+        for b in produced:
             self._emit(name, b, out)
+
+    def _failed(self, name: str, e: Exception) -> OperatorError:
+        op = self.ops[name].op
+        return OperatorError(f"query {op.query.name}: operator {name!r} ({op.describe()}) of {self.sq.name}"
+                             f"[{self.index}] failed: {type(e).__name__}: {e}")
 
     def _emit(self, name: str, batch: pa.RecordBatch, out) -> None:
         if batch.num_rows == 0:

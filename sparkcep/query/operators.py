@@ -44,8 +44,9 @@ class Operator:
 class Source(Operator):
     kind = "source"
 
-    def __init__(self, query, name, schema: Schema, time: str | None):
+    def __init__(self, query, name, schema: Schema, time: str | None, max_ahead_us: int | None = None):
         self._time = time
+        self.max_ahead_us = max_ahead_us  # event times further ahead of the watermark are refused
         super().__init__(query, [], schema, name)
 
     @property

@@ -6,6 +6,7 @@ import itertools
 
 from sparkcep.errors import QueryError, SchemaError
 from sparkcep.query.operators import Operator, Source, Stream, Union
+from sparkcep.query.windows import duration_us
 from sparkcep.schema import as_schema
 
 
@@ -28,14 +29,22 @@ class Query:
         self._counter = itertools.count(1)
         self._names: set[str] = set()
 
-    def stream(self, name: str, schema, time: str | None = None) -> Stream:
-        """Declare input stream ``name``; its event time is ``time`` or its first timestamp field."""
+    def stream(self, name: str, schema, time: str | None = None, max_ahead="7d") -> Stream:
+        """Declare input stream ``name``; its event time is ``time`` or its first timestamp field.
+
+        ``max_ahead``: an event time further than this ahead of the stream's
+        watermark (the largest event time taken so far) is refused with an
+        ``InputError`` (code ``TIME_AHEAD``); ``None``: no bound.
+        """
         if name in self.sources:
             raise QueryError(f"stream {name!r} is declared twice in query {self.name!r}")
         schema = as_schema(schema)
         if time is not None and schema.type_of(time, f"stream {name!r}") != "timestamp":
             raise SchemaError(f"time field {time!r} of stream {name!r} must be a timestamp, it is {schema.fields[time]}")
-        src = Source(self, name, schema, time or schema.time_field())
+        ahead = None if max_ahead is None else duration_us(max_ahead, f"max_ahead of stream {name!r}")
+        if ahead is not None and ahead <= 0:
+            raise QueryError(f"max_ahead of stream {name!r} must be positive, got {max_ahead!r}")
+        src = Source(self, name, schema, time or schema.time_field(), ahead)
         self.sources[name] = src
         return Stream(src)
 

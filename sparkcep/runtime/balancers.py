@@ -123,6 +123,11 @@ class Router:
         for c in self.channels:
             c.send_progress(epoch, frontier, watermark, arrival)
 
+    def abort(self, epoch: int) -> None:
+        """Tell every consumer that ``epoch`` is void."""
+        for c in self.channels:
+            c.abort(epoch)
+
     def flush(self) -> bool:
         done = True
         for c in self.channels:

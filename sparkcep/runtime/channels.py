@@ -1,15 +1,18 @@
 """Channels: how batches and progress travel from one producer to one consumer.
 
-A channel carries, in order, two kinds of message:
+A channel carries, in order, three kinds of message:
 
 * :class:`Data` — a batch for input ``port`` of the consumer, stamped with the
   *epoch* it belongs to (one epoch per engine progress point) plus that
   epoch's frontier and arrival time;
 * :class:`Progress` — the producer has sent everything of ``epoch``; its
-  output watermark is ``watermark``.
+  output watermark is ``watermark``;
+* :class:`Abort` — ``epoch`` is void: the engine could not take the whole of
+  the ``send`` it belonged to, so every consumer drops its data of that epoch
+  (stashed rows, staged output rows) and passes the abort on.
 
 The interface is what a consumer and a producer call (``send_data``,
-``send_progress``, ``flush``, ``receive``); the implementations:
+``send_progress``, ``abort``, ``flush``, ``receive``); the implementations:
 
 * :class:`LocalChannel` — a queue inside one process (``workers=0``);
 * :class:`RingWriter` / :class:`RingReader` — the two ends of a bounded
@@ -22,7 +25,10 @@ The interface is what a consumer and a producer call (``send_data``,
   a writer keeps what does not fit in its *backlog* (already serialised) and
   the owner decides whether to wait (:meth:`RingWriter.flush_blocking`, the
   engine's ``send``) or to stop reading its own inputs until the backlog
-  drains (instance managers). That is the back-pressure.
+  drains (instance managers). That is the back-pressure. Data never takes
+  the last ``CONTROL_RESERVE`` bytes of a ring: progress and aborts always
+  fit, so an epoch whose data is in can always be closed. A record larger
+  than half the ring (one huge row) travels in fragments.
 
 A process sleeping on its channels waits on its :class:`Doorbell` (a FIFO): a
 short spin, then the wait; peers ring it only when the ring's header says
@@ -49,13 +55,16 @@ import pyarrow as pa
 
 from sparkcep.errors import EngineError
 
-DATA, PROGRESS, SCHEMA, WRAP = 1, 2, 3, 4
+DATA, PROGRESS, SCHEMA, WRAP, ABORT, FRAGMENT = 1, 2, 3, 4, 5, 6
 HEADER_BYTES = 256
 _W, _R, _READER_SLEEPS, _WRITER_SLEEPS, _CAP = 0, 8, 16, 24, 4  # int64 slots of the header
 _REC = struct.Struct("<ii")            # record: length (bytes, incl. this, padded to 8), kind
 _DATA = struct.Struct("<qqqiiii")      # epoch, frontier, arrival ns, port, body length, bytes before the body, 0
 _PROGRESS = struct.Struct("<qqqq")     # epoch, frontier, watermark, arrival ns
 _SCHEMA = struct.Struct("<ii")         # port, body length
+_ABORT = struct.Struct("<q")           # epoch
+_FRAGMENT = struct.Struct("<ii")       # 1 on the last fragment of a record, 0
+CONTROL_RESERVE = 4096  # bytes of every ring that data never takes (progress and aborts always fit)
 DEFAULT_CAPACITY = 16 << 20  # a message takes up to 1/4 of it: ~20K HiBench records, so per-message costs stay small
 
 
@@ -77,6 +86,15 @@ class Progress:
         self.epoch, self.frontier, self.watermark, self.arrival = epoch, frontier, watermark, arrival
 
 
+class Abort:
+    """``epoch`` is void: drop its data and pass the abort on (see the module docstring)."""
+
+    __slots__ = ("epoch",)
+
+    def __init__(self, epoch: int):
+        self.epoch = epoch
+
+
 class Channel:
     """One producer -> one consumer, messages in order, nothing lost."""
 
@@ -85,6 +103,10 @@ class Channel:
         raise NotImplementedError
 
     def send_progress(self, epoch: int, frontier: int, watermark: int, arrival: int) -> None:
+        raise NotImplementedError
+
+    def abort(self, epoch: int) -> None:
+        """Void ``epoch``: what of it still waits here is dropped, the consumer gets :class:`Abort`."""
         raise NotImplementedError
 
     def flush(self) -> bool:
@@ -96,7 +118,7 @@ class Channel:
         """Bytes the producer holds because the channel was full."""
         return 0
 
-    def receive(self) -> Data | Progress | None:
+    def receive(self) -> Data | Progress | Abort | None:
         """The next message, or None when there is none yet."""
         raise NotImplementedError
 
@@ -117,6 +139,9 @@ class LocalChannel(Channel):
 
     def send_progress(self, epoch, frontier, watermark, arrival):
         self.queue.append(Progress(epoch, frontier, watermark, arrival))
+
+    def abort(self, epoch):
+        self.queue.append(Abort(epoch))
 
     def receive(self):
         return self.queue.popleft() if self.queue else None
@@ -227,7 +252,9 @@ class _Ring:
                               "RING")
         self.bytes = np.frombuffer(self.mm, np.uint8, count=self.capacity, offset=HEADER_BYTES)
         self.view = memoryview(self.mm)[HEADER_BYTES:]
-        self.max_record = self.capacity // 2
+        self.reserve = min(CONTROL_RESERVE, self.capacity // 8)  # never taken by data
+        # a record this large fits wherever the ring's free space starts, padding to the end included
+        self.max_record = (self.capacity - self.reserve) // 2 & ~7
 
     def touch(self) -> None:
         """Fault every page in from this process (first touch places it on this process's NUMA node).
@@ -276,7 +303,7 @@ class RingWriter(Channel):
             self.schemas[port] = batch.schema
             body = batch.schema.serialize()
             self._skip[port] = body.size
-            self._put(SCHEMA, _SCHEMA.pack(port, body.size), body, body.size)
+            self._put(SCHEMA, _SCHEMA.pack(port, body.size), body, body.size, None)
         limit = self.ring.max_record - 4096
         if batch.nbytes > limit // 2 and batch.num_rows > 1:  # cut into slices that fit a record
             rows = max(1, int(batch.num_rows * (limit // 2) / batch.nbytes))
@@ -294,32 +321,62 @@ class RingWriter(Channel):
             return
         # written in place by an Arrow stream writer: the schema message, the batch, end of stream
         skip = self._skip[port]
-        self._put(DATA, _DATA.pack(stamp[0], stamp[1], stamp[2], port, size, skip, 0), batch, skip + size + 8)
+        self._put(DATA, _DATA.pack(stamp[0], stamp[1], stamp[2], port, size, skip, 0), batch, skip + size + 8,
+                  stamp[0])
 
     def send_progress(self, epoch, frontier, watermark, arrival):
-        self._put(PROGRESS, _PROGRESS.pack(epoch, frontier, watermark, arrival), None, 0)
+        self._put(PROGRESS, _PROGRESS.pack(epoch, frontier, watermark, arrival), None, 0, None)
 
-    def _put(self, kind: int, head: bytes, body, body_size: int) -> None:
-        """Queue a record whose ``body`` is a Buffer, a RecordBatch (written in place) or None."""
-        size = _REC.size + len(head) + body_size
-        need = (size + 7) & ~7
+    def abort(self, epoch):
+        """Drop the backlog's records of ``epoch`` and queue :class:`Abort` behind what stays."""
+        kept = [item for item in self.backlog if item[4] != epoch]
+        self.backlog = deque(kept)
+        self._backlog_bytes = sum(item[3] for item in kept)
+        self._put(ABORT, _ABORT.pack(epoch), None, 0, None)
+
+    def _put(self, kind: int, head: bytes, body, body_size: int, epoch: int | None) -> None:
+        """Queue a record whose ``body`` is a Buffer, a RecordBatch (written in place) or None.
+
+        ``epoch``: the epoch whose data it carries (None for schemas and control records).
+        """
+        need = (_REC.size + len(head) + body_size + 7) & ~7
         if need > self.ring.max_record:
-            raise EngineError(f"a message of {size} bytes does not fit ring {self.ring.path} "
-                              f"({self.ring.capacity} bytes; at most half of it per message); "
-                              "a single row this large needs a larger ring_bytes", "RING_RECORD")
+            self._put_fragments(kind, head, body, epoch)
+            return
         if self.backlog or not self._try_put(kind, head, body, need):
             if isinstance(body, pa.RecordBatch) and not self.batches_stay:  # copy it out of a ring now
-                epoch, frontier, arrival, port, size, _, _ = _DATA.unpack(head)
-                body = body.serialize()
-                head = _DATA.pack(epoch, frontier, arrival, port, size, 0, 0)
-                need = (_REC.size + len(head) + size + 7) & ~7
-            self.backlog.append((kind, head, body, need))
+                head, body = self._serialized(head, body)
+                need = (_REC.size + len(head) + body.size + 7) & ~7
+            self.backlog.append((kind, head, body, need, epoch))
             self._backlog_bytes += need
+
+    @staticmethod
+    def _serialized(head: bytes, batch: pa.RecordBatch) -> tuple[bytes, pa.Buffer]:
+        """A DATA record's header and body with the batch as one IPC message (no schema before it)."""
+        epoch, frontier, arrival, port, size, _, _ = _DATA.unpack(head)
+        body = batch.serialize()
+        return _DATA.pack(epoch, frontier, arrival, port, body.size, 0, 0), body
+
+    def _put_fragments(self, kind: int, head: bytes, body, epoch: int | None) -> None:
+        """A record larger than half the ring, cut into FRAGMENT records the reader joins again."""
+        if isinstance(body, pa.RecordBatch):
+            head, body = self._serialized(head, body)
+        record = bytearray(_REC.pack(0, kind) + head)
+        if body is not None:
+            record += memoryview(body)
+        _REC.pack_into(record, 0, len(record), kind)
+        piece = self.ring.max_record - _REC.size - _FRAGMENT.size - 8
+        for start in range(0, len(record), piece):
+            chunk = pa.py_buffer(bytes(record[start:start + piece]))
+            last = int(start + piece >= len(record))
+            self._put(FRAGMENT, _FRAGMENT.pack(last, 0), chunk, chunk.size, epoch)
 
     def _try_put(self, kind: int, head: bytes, body, need: int) -> bool:
         ring = self.ring
         cap, w = ring.capacity, self.w
         free = cap - (w - int(ring.head[_R]))
+        if kind != PROGRESS and kind != ABORT:
+            free -= ring.reserve
         pos = w & (cap - 1)
         if pos + need > cap:  # not contiguous: pad to the end and start over at 0
             tail = cap - pos
@@ -366,7 +423,7 @@ class RingWriter(Channel):
 
     def flush(self) -> bool:
         while self.backlog:
-            kind, head, body, need = self.backlog[0]
+            kind, head, body, need, _ = self.backlog[0]
             if not self._try_put(kind, head, body, need):
                 return False
             self.backlog.popleft()
@@ -440,6 +497,7 @@ class RingReader(Channel):
         self.r = int(self.ring.head[_R])
         self._next = self.r
         self.schemas: dict[int, pa.Schema] = {}
+        self._parts: list[bytes] = []  # fragments of a record larger than half the ring
         self.bytes_in = 0
 
     def receive(self):
@@ -457,31 +515,50 @@ class RingReader(Channel):
                 raise EngineError(f"ring {ring.path}: corrupt record of length {length} at {r}", "RING")
             self._next = r + length
             self.bytes_in += length
-            at = pos + _REC.size
-            if kind == WRAP:
+            if kind == FRAGMENT:
+                msg = self._fragment(pos + _REC.size, pos + length)
+            else:
+                msg = self._record(kind, ring.view, ring.bytes, pos + _REC.size, self.copy)
+            if msg is None or type(msg) is not Data or self.copy:
                 self._release()
-                continue
-            if kind == PROGRESS:
-                msg = Progress(*_PROGRESS.unpack_from(ring.view, at))
-                self._release()
+            if msg is not None:
                 return msg
-            if kind == SCHEMA:
-                port, size = _SCHEMA.unpack_from(ring.view, at)
-                at += _SCHEMA.size
-                self.schemas[port] = pa.ipc.read_schema(pa.py_buffer(ring.bytes[at:at + size].copy()))
-                self._release()
-                continue
-            if kind != DATA:
-                raise EngineError(f"ring {ring.path}: unknown record kind {kind} at {r}", "RING")
-            epoch, frontier, arrival, port, size, skip, _ = _DATA.unpack_from(ring.view, at)
-            at += _DATA.size + skip
-            body = ring.bytes[at:at + size]
-            if self.copy:
-                body = body.copy()
-            batch = pa.ipc.read_record_batch(pa.py_buffer(body), self.schemas[port])
-            if self.copy:
-                self._release()
-            return Data(port, epoch, frontier, arrival, batch)
+
+    def _fragment(self, at: int, end: int):
+        """Add one fragment; the message of the record once its last fragment is in."""
+        last, _ = _FRAGMENT.unpack_from(self.ring.view, at)
+        at += _FRAGMENT.size
+        self._parts.append(self.ring.bytes[at:end].tobytes())
+        if not last:
+            return None
+        record = b"".join(self._parts)
+        self._parts = []
+        length, kind = _REC.unpack_from(record, 0)
+        data = np.frombuffer(record, np.uint8, count=length)
+        return self._record(kind, memoryview(record), data, _REC.size, False)
+
+    def _record(self, kind: int, view: memoryview, data: np.ndarray, at: int, copy: bool):
+        """The message of the record whose body starts at ``at`` (None for schemas and padding)."""
+        if kind == WRAP:
+            return None
+        if kind == PROGRESS:
+            return Progress(*_PROGRESS.unpack_from(view, at))
+        if kind == ABORT:
+            self._parts = []  # a record cut short by the abort
+            return Abort(*_ABORT.unpack_from(view, at))
+        if kind == SCHEMA:
+            port, size = _SCHEMA.unpack_from(view, at)
+            at += _SCHEMA.size
+            self.schemas[port] = pa.ipc.read_schema(pa.py_buffer(data[at:at + size].copy()))
+            return None
+        if kind != DATA:
+            raise EngineError(f"ring {self.ring.path}: unknown record kind {kind}", "RING")
+        epoch, frontier, arrival, port, size, skip, _ = _DATA.unpack_from(view, at)
+        at += _DATA.size + skip
+        body = data[at:at + size]
+        if copy:
+            body = body.copy()
+        return Data(port, epoch, frontier, arrival, pa.ipc.read_record_batch(pa.py_buffer(body), self.schemas[port]))
 
     def _release(self) -> None:
         ring = self.ring

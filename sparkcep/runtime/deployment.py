@@ -19,11 +19,11 @@ import pyarrow as pa
 
 from sparkcep.core import columns
 from sparkcep.core.operators import WM_END, WM_NONE
-from sparkcep.errors import EngineError, QueryError
+from sparkcep.errors import EngineError, OperatorError, QueryError
 from sparkcep.query.planner import Plan, plan
 from sparkcep.query.query import Query
 from sparkcep.runtime.balancers import Router
-from sparkcep.runtime.channels import Channel, Data, LocalChannel
+from sparkcep.runtime.channels import Abort, Channel, Data, LocalChannel
 from sparkcep.runtime.instance import InstanceRunner
 from sparkcep.runtime.layout import ENGINE, Endpoint, Layout
 from sparkcep.runtime.metrics import EpochClock, Histogram, late_counts, record_latency
@@ -69,7 +69,10 @@ def parallelism_of(p: Plan, parallelism) -> dict[str, int]:
 class Sink:
     """The engine's end of a deployment's outputs: fills the output logs, knows which epochs are out.
 
-    Partition of an output log = index of the producing instance.
+    Rows are staged per epoch and reach the logs (and subscribers) only once
+    every producer has closed that epoch, in epoch order: an epoch that
+    failed half-way, or was aborted, never shows. Partition of an output log
+    = index of the producing instance.
     """
 
     def __init__(self, layout: Layout, logs: dict[str, OutputLog], clock: EpochClock,
@@ -77,6 +80,9 @@ class Sink:
         self.layout, self.logs, self.clock = layout, logs, clock
         self.channels = [(p, channels[p]) for p in layout.producers(ENGINE)]
         self.epochs = {p: 0 for p, _ in self.channels}
+        self.staged: dict[int, list[tuple[int, Data]]] = {}  # epoch -> (partition, message), in arrival order
+        self.aborted: set[int] = set()
+        self.published = 0  # every epoch up to this one is in the logs (or was aborted)
         self.latency: dict[str, Histogram] = {}
         self.rows: dict[str, int] = {}
 
@@ -86,10 +92,24 @@ class Sink:
             while (msg := ch.receive()) is not None:
                 done += 1
                 if type(msg) is Data:
-                    self._deliver(producer[1], msg)
+                    self.staged.setdefault(msg.epoch, []).append((producer[1], msg))
                 else:
                     self.epochs[producer] = msg.epoch
+                    if type(msg) is Abort:
+                        self.aborted.add(msg.epoch)
+        closed = min(self.epochs.values()) if self.epochs else 0
+        if closed > self.published:
+            self._publish(closed)
         return done
+
+    def _publish(self, upto: int) -> None:
+        for epoch in sorted(e for e in self.staged if e <= upto):
+            messages = self.staged.pop(epoch)
+            if epoch not in self.aborted:
+                for partition, msg in messages:
+                    self._deliver(partition, msg)
+        self.aborted = {e for e in self.aborted if e > upto}
+        self.published = upto
 
     def _deliver(self, partition: int, msg: Data) -> None:
         now = time.monotonic_ns()
@@ -102,14 +122,17 @@ class Sink:
     @property
     def done_epoch(self) -> int:
         """Every epoch up to this one has fully reached the output logs."""
-        return min(self.epochs.values()) if self.epochs else 0
+        return self.published
 
 
 class Deployment:
     """A query running in this process; made by :meth:`sparkcep.Engine.deploy`.
 
-    The engine calls :meth:`push` with each stamped source batch, then
-    :meth:`progress` once per ``send`` (closing an epoch), and :meth:`end`.
+    The engine calls, per ``send``: :meth:`push` with the stamped source
+    batch, :meth:`flush` until the instances' channels took it, then
+    :meth:`progress` (closing the epoch) — or :meth:`abort` if anything failed
+    before progress, which voids the epoch everywhere. :meth:`end` closes a
+    stream.
     """
 
     def __init__(self, id: str, query: Query, parallelism=1, bins: int = 128):
@@ -125,6 +148,7 @@ class Deployment:
         self.epoch = 1  # the open epoch: data pushed now belongs to it, progress closes it
         self.error: EngineError | None = None
         self._arrival: int | None = None
+        self._undo: dict[str, tuple[int, int]] = {}  # stream -> its (max_ts, rows) before the open epoch
         self._connect()
         self._source_streams = {c: self.layout.sources_of(self.layout.sq[c[0]]) for c in self._source_channels}
 
@@ -155,6 +179,7 @@ class Deployment:
         """Route a stamped source batch (hidden columns set by the engine) into the instances reading ``stream``."""
         self.check()
         src = self.sources[stream]
+        self._undo.setdefault(stream, (src.max_ts, src.rows))
         src.max_ts = max(src.max_ts, max_ts)
         src.rows += batch.num_rows
         if self._arrival is None:
@@ -162,11 +187,22 @@ class Deployment:
         frontier = int(batch.column(columns.SEQ)[batch.num_rows - 1].as_py())
         self.source_router.send(stream, batch, (self.epoch, frontier, self._arrival))
 
+    def flush(self) -> None:
+        """Return once the instances' channels hold everything pushed (in-process: at once)."""
+
+    def abort(self) -> None:
+        """Void the open epoch: the sources forget it and every instance drops what it got of it."""
+        for stream, (max_ts, rows) in self._undo.items():
+            self.sources[stream].max_ts, self.sources[stream].rows = max_ts, rows
+        self._undo, self._arrival = {}, None
+        self.source_router.abort(self.epoch)
+        self.epoch += 1
+
     def progress(self, frontier: int) -> None:
         """Every source row up to ``frontier`` is in: close the epoch; instances consume and fire."""
         self.check()
         arrival = self._arrival or time.monotonic_ns()
-        self._arrival = None
+        self._undo, self._arrival = {}, None
         self.clock.note(self.epoch, frontier, arrival)
         for consumer, ch in self._source_channels.items():  # each instance: min over the streams it reads
             wm = min(self.sources[s].watermark for s in self._source_streams[consumer])
@@ -179,12 +215,25 @@ class Deployment:
         self.progress(frontier)
 
     def _run(self) -> None:
-        """Run every instance until nothing moves (in-process: results are out when this returns)."""
-        while True:
-            moved = sum(r.poll(budget=1 << 30) for r in self.runners)
-            if not moved:
-                break
+        """Run every instance until nothing moves (in-process: results are out when this returns).
+
+        An operator that raises fails the deployment (:class:`~sparkcep.errors.OperatorError`);
+        the epoch it was in never reaches the outputs.
+        """
+        try:
+            while True:
+                moved = sum(r.poll(budget=1 << 30) for r in self.runners)
+                if not moved:
+                    break
+        except OperatorError as e:
+            self.fail(e)
+            raise
         self.sink.poll()
+
+    def fail(self, error: EngineError) -> None:
+        """Mark the deployment failed with ``error`` (the first one wins)."""
+        if self.error is None:
+            self.error = error
 
     def wait(self, timeout: float | None = None) -> None:
         """Return once the outputs reflect every epoch closed so far (in-process: at once)."""

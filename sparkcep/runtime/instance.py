@@ -14,7 +14,10 @@ advances epoch by epoch, each time all its inputs have delivered it:
 * a stateless head processes data as it comes (results keep its epoch);
 * a stateful head is fed an epoch's data only when that epoch advances, in
   a fixed order (by producer, then arrival), then advances to the epoch's
-  frontier and the minimum of the inputs' watermarks.
+  frontier and the minimum of the inputs' watermarks;
+* an aborted epoch (:class:`~sparkcep.runtime.channels.Abort` from every
+  input) is dropped: its stash goes, nothing is consumed or fired, and the
+  abort is passed on, so no output ever shows it.
 
 So an instance consumes exactly what it would consume in one process,
 whatever the interleaving of its channels: results equal the in-process
@@ -29,7 +32,7 @@ from sparkcep.core import columns
 from sparkcep.core.subquery import SubQueryInstance
 from sparkcep.errors import EngineError
 from sparkcep.runtime.balancers import Router
-from sparkcep.runtime.channels import Channel, Data
+from sparkcep.runtime.channels import Abort, Channel, Data
 from sparkcep.runtime.layout import Endpoint, Layout
 from sparkcep.runtime.metrics import Counters, EpochClock, Histogram, record_latency
 
@@ -69,7 +72,8 @@ class InstanceRunner:
                 if type(msg) is Data:
                     self._data(k, msg)
                 else:
-                    self.clock.note(msg.epoch, msg.frontier, msg.arrival)
+                    if type(msg) is not Abort:
+                        self.clock.note(msg.epoch, msg.frontier, msg.arrival)
                     self.pending[k].append(msg)
                     if len(self.pending[k]) == 1:
                         self._advance()
@@ -103,6 +107,14 @@ class InstanceRunner:
             if any(h.epoch != epoch for h in heads):
                 raise EngineError(f"{self.name}: inputs disagree on the next epoch: "
                                   f"{[h.epoch for h in heads]} (a producer skipped one)", "EPOCH")
+            aborted = [type(h) is Abort for h in heads]
+            if any(aborted):
+                if not all(aborted):
+                    raise EngineError(f"{self.name}: epoch {epoch} is aborted on some inputs only", "EPOCH")
+                self.stash.pop(epoch, None)
+                self.router.abort(epoch)
+                self.counters.epoch = epoch
+                continue
             watermark = min(h.watermark for h in heads)
             stamp = (epoch, first.frontier, first.arrival)
             if self.buffers:

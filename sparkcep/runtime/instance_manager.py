@@ -11,7 +11,7 @@ The engine talks to it over a pipe (control plane, pickled messages):
 ``("deploy", id, spec)``, ``("map", id, name)`` (map the pages of its output rings, once every
 reader has touched its inputs), ``("undeploy", id, name)``, ``("metrics", id)``,
 ``("stop", id)``; it answers ``("ok", id, value)`` or ``("error", id, text)``
-and reports a failing instance as ``("failed", deployment, text)``. Data
+and reports a failing instance as ``("failed", deployment, text, error code)``. Data
 never goes through the pipe. It exits by itself when the pipe closes or its
 parent process is gone.
 
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import psutil
 import pyarrow as pa
 
-from sparkcep.errors import EngineError
+from sparkcep.errors import EngineError, OperatorError
 from sparkcep.query.planner import plan
 from sparkcep.runtime.balancers import Router
 from sparkcep.runtime.channels import Doorbell, RingReader, RingWriter
@@ -160,8 +160,11 @@ class InstanceManager:
             h.failed = True
             where = (f"instance manager {self.config.index} (pid {os.getpid()}): "
                      f"{current.name if current else '?'} of query {h.spec.id.split('#')[0]}")
-            self._send(("failed", h.spec.id, f"{where} failed: {type(e).__name__}: {e}\n"
-                                             f"{traceback.format_exc()}"))
+            if isinstance(e, OperatorError):
+                self._send(("failed", h.spec.id, f"{where}: {e}", e.code))
+            else:
+                self._send(("failed", h.spec.id, f"{where} failed: {type(e).__name__}: {e}\n"
+                                                 f"{traceback.format_exc()}", "INSTANCE_FAILED"))
         return work
 
     def _sleep(self) -> None:

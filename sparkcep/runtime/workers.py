@@ -266,7 +266,7 @@ class WorkerPool:
                 if msg[0] == "failed":
                     dep = self.deployments.get(msg[1])
                     if dep is not None:
-                        dep.fail(EngineError(msg[2], "INSTANCE_FAILED"))
+                        dep.fail(EngineError(msg[2], msg[3]))
                     continue
                 with self.progress:
                     slot = self._replies.get(msg[1])
@@ -395,10 +395,27 @@ class WorkerDeployment(Deployment):
         return out
 
     # --- progress --------------------------------------------------------------------------
-    def _run(self) -> None:
-        """Hand everything pushed to the rings, waiting while they are full (back-pressure)."""
+    def flush(self) -> None:
+        """Wait until the rings took everything pushed (back-pressure); EngineError BACKPRESSURE_TIMEOUT
+        when an instance takes nothing for ``SEND_TIMEOUT_S`` (the engine then aborts the epoch)."""
         for w in self._source_channels.values():
             w.flush_blocking(SEND_TIMEOUT_S, self.check)
+
+    def abort(self) -> None:
+        super().abort()
+        for w in self._source_channels.values():
+            w.flush()
+
+    def _run(self) -> None:
+        """Hand the epoch's progress to the rings: it fits in their control reserve once the data is in."""
+        try:
+            self.flush()
+        except EngineError as e:
+            if e.code != "BACKPRESSURE_TIMEOUT":
+                raise
+            self.fail(EngineError(f"query {self.query.name}: an instance took nothing for {SEND_TIMEOUT_S:.0f} s "
+                                  f"while an epoch was being closed; the deployment is stopped", e.code))
+            raise self.error from None
 
     def wait(self, timeout: float | None = None) -> None:
         """Block until the outputs reflect every epoch closed so far."""

@@ -45,6 +45,10 @@ def good_columns(n=2):
     ({**good_columns(3), "ts": [dt.datetime(2024, 1, 1), None, dt.datetime(2024, 1, 1)]}, "NULL_TIME",
      ["'ev'", "'ts'", "row 1"]),
     ({**good_columns(), "v": [1, 2, 3]}, "LENGTH", ["'ev'"]),
+    ({**good_columns(), "v": [1, 2 ** 70]}, "TYPE", ["'ev'", "'v'", "int64", "row 1"]),
+    ({**good_columns(), "x": [0.5, 10 ** 400]}, "TYPE", ["'ev'", "'x'", "row 1"]),
+    ({**good_columns(), "ts": [dt.datetime(2024, 1, 1), dt.datetime(4124, 1, 1)]}, "TIME_AHEAD",
+     ["'ev'", "'ts'", "row 1", "4124"]),
     ([1, 2, 3], "BAD_DATA", ["'ev'"]),
 ])
 def test_bad_batches_are_rejected_with_a_code(data, code, words):
@@ -169,3 +173,31 @@ def test_reference_agrees_on_the_clean_run():
         e.end("ev")
         assert_same_rows(plain(e.collect("out")), want)
         assert sum(e.metrics()["late"]["q"].values()) == late == 0
+
+
+def test_an_event_far_ahead_of_the_watermark_is_refused_and_the_bound_is_the_users():
+    with cep.Engine.local() as e:
+        e.deploy(query())
+        e.send("ev", good_columns())
+        far = {**good_columns(3), "ts": [dt.datetime(2024, 1, 1), dt.datetime(2024, 1, 1), dt.datetime(4124, 1, 1)]}
+        with pytest.raises(cep.InputError) as err:
+            e.send("ev", far)
+        assert err.value.code == "TIME_AHEAD" and "row 2" in str(err.value) and "'ts'" in str(err.value)
+        assert e.metrics()["sequence"] == 2  # nothing of it was taken
+        e.send("ev", {**good_columns(), "ts": [dt.datetime(2024, 1, 6)] * 2})  # 5 days ahead: within 7 days
+        e.end("ev")
+        assert sum(e.collect("out").column("n").to_pylist()) == 4
+    q = cep.Query("tight")
+    s = q.stream("ev", EV, max_ahead="1h")
+    q.output("raw", s.filter(cep.col("v") >= 0))
+    with cep.Engine.local() as e:
+        e.deploy(q)
+        e.send("ev", good_columns())
+        with pytest.raises(cep.InputError, match="TIME_AHEAD|ahead"):
+            e.send("ev", {**good_columns(1), "ts": [dt.datetime(2024, 1, 1, 2)]})
+    q = cep.Query("unbounded")
+    q.output("raw", q.stream("ev", EV, max_ahead=None).filter(cep.col("v") >= 0))
+    with cep.Engine.local() as e:
+        e.deploy(q)
+        e.send("ev", {**good_columns(), "ts": [dt.datetime(2024, 1, 1), dt.datetime(4124, 1, 1)]})
+        assert e.collect("raw").num_rows == 2

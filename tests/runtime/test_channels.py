@@ -106,12 +106,53 @@ def test_a_batch_larger_than_the_ring_arrives_in_pieces(shm):
     assert pa.concat_tables(pieces).equals(pa.Table.from_batches([b]))
 
 
-def test_a_single_row_larger_than_half_the_ring_is_refused_with_a_clear_error(shm):
-    path = shm("huge", 1 << 12)
-    w = RingWriter(path, None)
-    with pytest.raises(EngineError, match="does not fit") as e:
-        w.send_data(0, (1, 1, 1), pa.record_batch({"s": ["x" * 5000]}))
-    assert e.value.code == "RING_RECORD"
+@pytest.mark.parametrize("copy", [True, False])
+def test_a_single_row_larger_than_the_ring_travels_in_fragments(shm, copy):
+    path = shm(f"huge-{copy}", 1 << 12)
+    w, r = RingWriter(path, None), RingReader(path, None, copy=copy)
+    rows = pa.record_batch({"s": ["x" * 5000, "y" * 9000], "v": [1, 2]})
+    w.send_data(0, (1, 1, 1), rows)
+    w.send_progress(1, 1, 0, 0)
+    got = []
+    while w.backlog or r.ready():
+        got += [(m.batch.to_pylist() if isinstance(m, Data) else type(m).__name__) for m in drain(r)]
+        w.flush()
+    assert got == [[{"s": "x" * 5000, "v": 1}], [{"s": "y" * 9000, "v": 2}], "Progress"]
+
+
+def test_an_abort_drops_the_epochs_backlog_and_reaches_the_reader_after_what_it_took(shm):
+    path = shm("abort", 1 << 13)
+    w, r = RingWriter(path, None), RingReader(path, None)
+    b = pa.record_batch({"v": np.arange(200)})
+    for i in range(30):
+        w.send_data(0, (7, 7, 0), b)
+    assert w.backlog_bytes > 0
+    w.abort(7)
+    assert not any(item[4] == 7 for item in w.backlog)
+    w.send_data(0, (8, 8, 0), b)
+    w.send_progress(8, 8, 0, 0)
+    got = []
+    while w.backlog or r.ready():
+        got += [(m.epoch, type(m).__name__) for m in drain(r)]
+        w.flush()
+    kinds = [k for _, k in got]
+    assert kinds.index("Abort") == len([g for g in got if g == (7, "Data")])  # every epoch-7 batch before it
+    assert got[-2:] == [(8, "Data"), (8, "Progress")]
+    assert (7, "Progress") not in got
+
+
+def test_data_never_takes_the_control_reserve(shm):
+    path = shm("reserve", 1 << 13)
+    w, r = RingWriter(path, None), RingReader(path, None)
+    b = pa.record_batch({"v": np.arange(100)})
+    while not w.backlog:  # the ring is full for data
+        w.send_data(0, (1, 1, 0), b)
+    w.abort(1)  # the data left in the backlog goes, the abort fits at once
+    assert w.backlog_bytes == 0
+    w.send_progress(2, 1, 0, 0)
+    assert w.backlog_bytes == 0
+    kinds = [type(m).__name__ for m in drain(r)]
+    assert kinds[-2:] == ["Abort", "Progress"] and set(kinds[:-2]) == {"Data"}
 
 
 def test_a_full_ring_keeps_the_rest_in_the_backlog_and_loses_nothing(shm):

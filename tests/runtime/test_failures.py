@@ -84,8 +84,9 @@ def test_an_operator_failing_inside_a_worker_is_reported_with_its_place():
         with pytest.raises(cep.EngineError) as e:
             engine.send("b_in", events(100, 100))
             engine.collect("b_out", timeout=30)
-        assert e.value.code == "INSTANCE_FAILED"
-        assert "v too large" in str(e.value) and "SQ1[" in str(e.value) and "query boom" in str(e.value)
+        assert e.value.code == "OPERATOR_FAILED"
+        text = str(e.value)
+        assert "v too large" in text and "SQ1[" in text and "query boom" in text and "'picky'" in text
         # the other instance managers carry on with other queries
         engine.undeploy("boom")
         engine.deploy(query("after"), parallelism=2)
