@@ -239,7 +239,8 @@ class Engine:
         """The engine's metrics (the paper's metric server, in this process).
 
         ``sequence`` (tuples in), ``outputs`` (rows out per output), ``late``
-        (late tuples per query and stateful operator); ``queries``: per query
+        (late tuples per query and stateful operator), ``late_by_stream``
+        (per input stream, late tuples per ``query.operator``); ``queries``: per query
         input rate, throughput, latency percentiles (ms, arrival at the engine
         -> result out) and, per sub-query and operator, the same plus queue
         lengths and placement; ``instance_managers``: per process CPU %,
@@ -251,13 +252,15 @@ class Engine:
         if self.pool is not None:
             snaps = self.pool.snapshots()
         counters: dict = {}
-        queries, late = {}, {}
+        queries, late, late_streams = {}, {}, {}
         for q, dep in deps.items():
             if self.pool is None:
                 inst = dep.instance_metrics()
             else:
                 inst = {ep: m for s in snaps.values() for ep, m in s["deployments"].get(dep.id, {}).items()}
-            late[q] = late_counts(dep.plan, {ep: m["late"] for ep, m in inst.items()})
+            late[q], by_stream = late_counts(dep.plan, {ep: m["late"] for ep, m in inst.items()})
+            for stream, ops in by_stream.items():
+                late_streams.setdefault(stream, {}).update({f"{q}.{op}": n for op, n in ops.items()})
             queries[q] = deployment_metrics(dep, inst, counters)
         ims = self.pool.im_metrics(snaps, counters) if self.pool is not None else {}
         rates = self._metric_server.sample(counters)
@@ -270,6 +273,7 @@ class Engine:
             "sequence": self._seq,
             "outputs": {name: log.rows for name, log in self.outputs.items()},
             "late": late,
+            "late_by_stream": late_streams,
             "queries": queries,
             "instance_managers": ims,
         }

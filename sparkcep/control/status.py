@@ -108,6 +108,11 @@ def render(hello: dict, m: dict, registered: list) -> str:
         late = (m.get("late") or {}).get(name) or {}
         if any(late.values()):
             lines.append(f"    late tuples: " + ", ".join(f"{k} {v:,}" for k, v in late.items()))
+    by_stream = m.get("late_by_stream") or {}
+    if by_stream:
+        lines.append("late tuples per input stream:")
+        for stream, ops in sorted(by_stream.items()):
+            lines.append(f"  {stream}: " + ", ".join(f"{op} {n:,}" for op, n in sorted(ops.items())))
     if registered:
         lines.append(f"registered executor instance managers ({len(registered)}):")
         for r in registered:

@@ -136,8 +136,11 @@ GROUP = 256  # tuples whose first probe is touched before any of them is process
 
 
 @njit(nogil=True, cache=True)
-def accumulate_time(K, ts, wm, seq, size, adv, lateness, P, V, T, miss_r, miss_s):
+def accumulate_time(K, ts, wm, seq, size, adv, lateness, P, V, T, miss_r, miss_s, late_rows):
     """Pass 1: add rows to their time windows that already have an entry; returns (misses, late rows).
+
+    A row is late when one of its windows had already fired (the stamp of
+    its watermark says so); the late rows go, in order, to ``late_rows``.
 
     (row, window start) pairs whose entry does not exist yet go, in order, to
     ``miss_r``/``miss_s`` for :func:`insert_time`. This pass only reads the
@@ -195,7 +198,9 @@ def accumulate_time(K, ts, wm, seq, size, adv, lateness, P, V, T, miss_r, miss_s
                 else:
                     missed = True
                 s -= adv
-            late += missed
+            if missed:
+                late_rows[late] = r
+                late += 1
         _apply(ent, entf, arena, meta, rows, bins, entries, k, ts, seq, ops, cols, sis, sfs,
                vals_i, vals_f, valid, soff, slen, sdata)
     return m, late
@@ -431,6 +436,7 @@ class WindowAggregate:
         self.table = BinnedTable(bins, p.n_int, p.n_float, p.str_slots)
         self.bins = bins
         self.late = 0
+        self.late_rows = np.empty(0, np.int64)  # rows of the last batch added that were late
         self.lowest_start = None  # no open window starts before this (time windows)
 
     def route(self, batch: pa.RecordBatch):
@@ -473,8 +479,10 @@ class WindowAggregate:
         miss_r, miss_s = np.empty(n * nwin, np.int64), np.empty(n * nwin, np.int64)
         if rowstr.any():  # pass 1 does not check room: a string min/max/first/last may append its value at every hit
             self.table.reserve(K[5], rowstr * nwin)
+        late_rows = np.empty(n, np.int64)
         m, late = accumulate_time(K, ts, wm, seq, w.size_us, w.advance_us, w.lateness_us, P, V,
-                                  self.table.kernel_state(), miss_r, miss_s)
+                                  self.table.kernel_state(), miss_r, miss_s, late_rows)
+        self.late_rows = late_rows[:late]
         while pos < m:
             pos = insert_time(pos, m, miss_r, miss_s, K, ts, seq, rowstr, P, V, self.table.kernel_state())
             if pos < m:

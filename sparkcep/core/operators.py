@@ -8,6 +8,7 @@ their results never depend on arrival order.
 
 from __future__ import annotations
 
+import logging
 from typing import Iterable
 
 import numpy as np
@@ -23,6 +24,9 @@ from sparkcep.errors import QueryError
 from sparkcep.query import operators as logical
 from sparkcep.query.running import Running
 from sparkcep.query.windows import TimeWindow
+
+log = logging.getLogger("sparkcep")
+_late_logged: set[tuple[str, str]] = set()  # (query, operator) whose late tuples this process reported
 
 WM_END = np.iinfo(np.int64).max  # the watermark of an ended input
 # the watermark of an input that has sent nothing yet; far below any real event time but
@@ -91,12 +95,27 @@ class ApplyOp(PhysicalOperator):
 
 
 class StatefulOp(PhysicalOperator):
-    """Buffers input per port; at progress consumes it in sequence order, then fires."""
+    """Buffers input per port; at progress consumes it in sequence order, then fires.
+
+    Tuples that come after their window fired are *late*: never merged,
+    counted, reported in the log the first time, and, for an aggregate with
+    ``late=``, put in ``late_batches`` for its :class:`~sparkcep.query.operators.LateRows`.
+    """
 
     def __init__(self, op, bins: int):
         super().__init__(op)
         self.bins = bins
         self.pending: list[list[pa.RecordBatch]] = [[] for _ in op.inputs]
+        self.late_batches: list[pa.RecordBatch] = []
+
+    def note_late(self, n: int) -> None:
+        """``n`` tuples were late: say so in the log, once per operator and process."""
+        if (self.op.query.name, self.op.name) not in _late_logged:
+            _late_logged.add((self.op.query.name, self.op.name))
+            kept = self.op.late_output.stream if getattr(self.op, "late_output", None) else None
+            log.warning("query %s: operator %r dropped %d late tuple(s) (their window had fired); "
+                        "late tuples are counted in metrics()['late']%s", self.op.query.name, self.op.name, n,
+                        f" and kept in output {kept!r}" if kept else "; aggregate(..., late='name') keeps them")
 
     def process(self, port, batch):
         if batch.num_rows:
@@ -134,7 +153,13 @@ class AggregateOp(StatefulOp):
         self.agg = kind(op.window, op.by, op.funcs, op.inputs[0].schema, op.schema, bins)
 
     def consume(self, port, batch):
-        return self.agg.add(batch)
+        out = self.agg.add(batch)
+        late = getattr(self.agg, "late_rows", None)
+        if late is not None and late.size:
+            self.note_late(late.size)
+            if self.op.late_output is not None:
+                self.late_batches.append(columns.take(batch, late))
+        return out
 
     def fire(self, watermark):
         return self.agg.fire(watermark)
@@ -146,6 +171,10 @@ class AggregateOp(StatefulOp):
     @property
     def late(self) -> int:
         return self.agg.late
+
+    @property
+    def late_by_port(self) -> list[int]:
+        return [self.agg.late]
 
     def extract(self, bin):
         return self.agg.extract(bin)
@@ -160,7 +189,10 @@ class JoinOp(StatefulOp):
         self.join = WindowJoin(op, bins)
 
     def consume(self, port, batch):
+        before = self.join.late
         self.join.add(port, batch)
+        if self.join.late > before:
+            self.note_late(self.join.late - before)
         return []
 
     def fire(self, watermark):
@@ -244,7 +276,8 @@ def _take_ready(batches: list[pa.RecordBatch], frontier: int):
     return batch, rest
 
 
-PHYSICAL = {logical.Map: MapOp, logical.Filter: FilterOp, logical.Union: UnionOp, logical.Apply: ApplyOp}
+PHYSICAL = {logical.Map: MapOp, logical.Filter: FilterOp, logical.Union: UnionOp, logical.Apply: ApplyOp,
+            logical.LateRows: PhysicalOperator}  # fed by its aggregate, never through process()
 STATEFUL = {logical.Aggregate: AggregateOp, logical.Join: JoinOp, logical.Custom: CustomOp}
 
 

@@ -8,6 +8,7 @@ import pyarrow as pa
 
 from sparkcep.core.operators import PhysicalOperator, StatefulOp, physical
 from sparkcep.errors import OperatorError
+from sparkcep.query.operators import LateRows
 from sparkcep.query.planner import Edge, Plan, SubQuery
 
 
@@ -25,6 +26,8 @@ class SubQueryInstance:
         mine = set(self.ops)
         self.consumers: dict[str, list[tuple[str, int]]] = {name: [] for name in mine}
         for op in sq.operators:
+            if isinstance(op, LateRows):  # fed by its aggregate's late tuples, not by its output
+                continue
             for port, src in enumerate(op.inputs):
                 if src.name in mine:
                     self.consumers[src.name].append((op.name, port))
@@ -52,6 +55,7 @@ class SubQueryInstance:
             try:
                 b = next(batches)
             except StopIteration:
+                yield from self._late()
                 return
             except OperatorError:
                 raise
@@ -60,6 +64,18 @@ class SubQueryInstance:
             out: list[tuple[str, pa.RecordBatch]] = []
             self._emit(name, b, out)
             yield from out
+            yield from self._late()
+
+    def _late(self) -> Iterator[tuple[str, pa.RecordBatch]]:
+        """The late tuples the head put aside, as the output of its LateRows operator."""
+        head = self.head
+        late = getattr(head.op, "late_output", None)
+        while getattr(head, "late_batches", None):
+            batch = head.late_batches.pop(0)
+            if late is not None and late.name in self.ops:
+                out: list[tuple[str, pa.RecordBatch]] = []
+                self._emit(late.name, batch, out)
+                yield from out
 
     def output_watermark(self, watermark: int) -> int:
         return self.head.output_watermark(watermark)

@@ -141,6 +141,7 @@ class Aggregate(Operator):
                 raise QueryError(f"aggregate() output field {out!r} clashes with another output field")
             fields[out] = fn.output_type(source.schema)
         self.window, self.by, self.funcs = window, by, dict(funcs)
+        self.late_output: LateRows | None = None  # where its late tuples go, when kept
         super().__init__(query, [source], Schema(fields), name)
 
     @property
@@ -150,6 +151,32 @@ class Aggregate(Operator):
     def describe(self):
         fs = ", ".join(f"{k}={v!r}" for k, v in self.funcs.items())
         return f"aggregate({self.window!r}, by={self.by}, {fs})"
+
+
+class LateRows(Operator):
+    """The late tuples of a time-window aggregate, as they came in: ``aggregate(..., late="name")``.
+
+    It runs beside its aggregate (same sub-query); the aggregate hands it the
+    tuples it did not merge because their window had fired.
+    """
+
+    kind = "late"
+
+    def __init__(self, query, aggregate: Aggregate, name):
+        if not isinstance(aggregate.window, TimeWindow):
+            raise QueryError(f"aggregate(late=...): only a TimeWindow has late tuples, got {aggregate.window!r}")
+        source = aggregate.inputs[0]
+        self._time = source.time_field
+        self.stream = ""  # the output stream it feeds
+        super().__init__(query, [aggregate], source.schema, name)
+        aggregate.late_output = self
+
+    @property
+    def time_field(self):
+        return self._time
+
+    def describe(self):
+        return f"late tuples of {self.inputs[0].name}"
 
 
 class Join(Operator):
@@ -294,10 +321,21 @@ class Stream:
         """A user's stateless operator: ``fn(batch) -> batch`` (``schema``: its output schema)."""
         return Stream(Apply(self.op.query, self.op, fn, schema, name))
 
-    def aggregate(self, window, by=(), name: str | None = None, **funcs: AggFunc) -> "Stream":
+    def aggregate(self, window, by=(), name: str | None = None, late: str | None = None,
+                  **funcs: AggFunc) -> "Stream":
         """Windowed aggregation: one row per window and group, see :mod:`sparkcep.query.aggregates`;
-        with :class:`~sparkcep.query.running.Running`, one row per group after each batch that updated it."""
-        return Stream(Aggregate(self.op.query, self.op, window, by, funcs, name))
+        with :class:`~sparkcep.query.running.Running`, one row per group after each batch that updated it.
+
+        ``late="name"`` (time windows): the tuples that came after their window
+        fired are kept in the output stream ``name``, as they came in.
+        """
+        query = self.op.query
+        agg = Aggregate(query, self.op, window, by, funcs, name)
+        if late is not None:
+            rows = LateRows(query, agg, None)
+            query.output(late, Stream(rows))
+            rows.stream = late
+        return Stream(agg)
 
     def join(self, other: "Stream", window: TimeWindow, on=None, where: Expr | None = None,
              name: str | None = None) -> "Stream":
@@ -328,5 +366,5 @@ def _nonnull_type(t: str, field: str) -> str:
     return t
 
 
-__all__ = ["Operator", "Source", "Map", "Filter", "Union", "Apply", "Aggregate", "Join",
+__all__ = ["Operator", "Source", "Map", "Filter", "Union", "Apply", "Aggregate", "LateRows", "Join",
            "Custom", "StatefulOperator", "Stream", "Col"]

@@ -26,7 +26,7 @@ from sparkcep.runtime.balancers import Router
 from sparkcep.runtime.channels import Abort, Channel, Data, LocalChannel
 from sparkcep.runtime.instance import InstanceRunner
 from sparkcep.runtime.layout import ENGINE, Endpoint, Layout
-from sparkcep.runtime.metrics import EpochClock, Histogram, late_counts, record_latency
+from sparkcep.runtime.metrics import EpochClock, Histogram, record_latency
 from sparkcep.runtime.output_log import OutputLog
 
 
@@ -248,10 +248,6 @@ class Deployment:
         """Stop the deployment's instances and free its channels."""
 
     # --- state -----------------------------------------------------------------
-    def late_tuples(self) -> dict[str, int]:
-        """Late tuples per stateful operator (summed over instances)."""
-        return late_counts(self.plan, {r.endpoint: r.late() for r in self.runners})
-
     def instance_metrics(self) -> dict[Endpoint, dict]:
         """Per instance: counters (rows, batches, busy time, latency histogram, epoch) and queues."""
         return {r.endpoint: {**r.counters.snapshot(), "queue": r.queued(), "late": r.late()}

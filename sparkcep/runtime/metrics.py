@@ -143,23 +143,40 @@ class MetricServer:
         return {k: (v - old.get(k, 0)) / dt for k, v in values.items()}
 
 
-def late_counts(plan, late: dict) -> dict[str, int]:
-    """Late tuples per stateful operator from each instance's (late, late per input port) or None.
+def late_counts(plan, late: dict) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+    """Late tuples per stateful operator, and per input stream and operator.
 
+    ``late``: per instance, (late tuples, late tuples per input port) or None.
     Every instance sees all of a broadcast input: its late tuples count once.
+    A port fed by several streams (a union) counts under their names joined by ``+``.
     """
     from sparkcep.query.planner import BROADCAST
-    out: dict[str, int] = {}
+    per_op: dict[str, int] = {}
+    per_stream: dict[str, dict[str, int]] = {}
     for sq in plan.subqueries:
-        broadcast = [e.port for e in sq.inputs if e.balancer == BROADCAST]
+        broadcast = {e.port for e in sq.inputs if e.balancer == BROADCAST}
+        head = sq.head
         for (name, i), value in sorted(late.items()):
             if name != sq.name or value is None:
                 continue
             n, by_port = value
-            if i and broadcast:
-                n -= sum(by_port[p] for p in broadcast if p < len(by_port))
-            out[sq.head.name] = out.get(sq.head.name, 0) + n
-    return out
+            for port, k in enumerate(by_port):
+                if i and port in broadcast:
+                    n -= k
+                    continue
+                if k:
+                    stream = "+".join(_streams_into(head.inputs[port]))
+                    ops = per_stream.setdefault(stream, {})
+                    ops[head.name] = ops.get(head.name, 0) + k
+            per_op[head.name] = per_op.get(head.name, 0) + n
+    return per_op, per_stream
+
+
+def _streams_into(op) -> list[str]:
+    """The input streams whose tuples reach ``op``'s output, sorted."""
+    if not op.inputs:
+        return [op.name]
+    return sorted({s for i in op.inputs for s in _streams_into(i)})
 
 
 def _pct(hists) -> dict[str, float]:

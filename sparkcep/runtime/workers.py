@@ -34,7 +34,6 @@ from sparkcep.query.query import Query
 from sparkcep.runtime.balancers import Router
 from sparkcep.runtime.channels import DEFAULT_CAPACITY, Doorbell, RingReader, RingWriter, create_ring, unlink_quietly
 from sparkcep.runtime.deployment import Deployment, Sink
-from sparkcep.runtime.metrics import late_counts
 from sparkcep.runtime.instance_manager import DeploySpec, IMConfig, serve
 from sparkcep.runtime.layout import ENGINE, Endpoint
 from sparkcep.runtime.placement import Slot, im_slots, place
@@ -451,10 +450,6 @@ class WorkerDeployment(Deployment):
         for im, snap in self.pool.request_all(self.hosts, "metrics").items():
             out.update(snap["deployments"].get(self.id, {}))
         return out
-
-    def late_tuples(self) -> dict[str, int]:
-        self.check()
-        return late_counts(self.plan, {ep: m["late"] for ep, m in self.instance_metrics().items()})
 
     def close(self) -> None:
         with self.pool.lock:
