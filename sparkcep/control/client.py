@@ -6,26 +6,36 @@
 {'window_start': 'timestamp', ...}
 
 A client holds one TCP connection, opened on first use; requests on it are
-serialised by a lock, so one client may be shared by threads. Errors the
-engine raised come back as the same sparkcep error class with the same
-``code``; an unreachable engine raises ``EngineNotFoundError``.
+serialised by a lock, so one client may be shared by threads. Every request
+carries the engine's token (see :func:`find_token`). Errors the engine
+raised come back as the same sparkcep error class with the same ``code``;
+an unreachable engine raises ``EngineNotFoundError``.
+
+Sends and reads of any size work: the client splits them into requests of
+at most :func:`sparkcep.control.protocol.chunk_bytes` each. A large
+:meth:`EngineClient.send` is staged in pieces and committed at once, so it
+is still one engine send, taken whole or not at all.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
+import uuid
 
 import pyarrow as pa
 
 from sparkcep import errors
-from sparkcep.control import discovery
+from sparkcep.control import auth, discovery
 from sparkcep.control.discovery import EngineNotFoundError
-from sparkcep.control.protocol import ProtocolError, from_ipc, recv_frame, send_frame, to_ipc
+from sparkcep.control.protocol import ProtocolError, chunk_bytes, chunks, from_ipc, recv_frame, send_frame, to_ipc
 
+TOKEN_FILE_ENV = "SPARKCEP_TOKEN_FILE"
+_HANG_UP = ("UNAUTHENTICATED", "FRAME_TOO_LARGE", "PROTOCOL")  # errors after which the endpoint closes
 _ERRORS = {cls.__name__: cls for cls in (errors.SparkcepError, errors.SchemaError, errors.QueryError,
                                          errors.InputError, errors.UnknownStreamError, errors.EngineError,
-                                         EngineNotFoundError, ProtocolError)}
+                                         EngineNotFoundError, ProtocolError, auth.AuthError)}
 
 
 def resolve(engine: str | None) -> str:
@@ -48,19 +58,49 @@ def resolve(engine: str | None) -> str:
     return engine
 
 
-class EngineClient:
-    """Talks to one engine endpoint at ``address`` (``host:port``)."""
+def find_token(address: str, token_file: str | None = None) -> str:
+    """The token of the engine at ``address``.
 
-    def __init__(self, address: str, timeout: float = 60.0):
+    In order: the file ``token_file``; the file the engine serving
+    ``address`` wrote under ``$SPARKCEP_HOME`` (every engine of this machine
+    does); the file named by ``$SPARKCEP_TOKEN_FILE``. AuthError
+    ``TOKEN_NOT_FOUND`` when there is none.
+    """
+    if token_file:
+        return auth.read(token_file)
+    own = discovery.token_file(address)
+    if own.exists():
+        return auth.read(own)
+    if os.environ.get(TOKEN_FILE_ENV):
+        return auth.read(os.environ[TOKEN_FILE_ENV])
+    raise auth.AuthError(f"no token for the engine at {address}: {own} does not exist (engines of this machine "
+                         f"write it there while they run, under $SPARKCEP_HOME). For an engine elsewhere, copy "
+                         f"its token file here and pass it (Spark option tokenFile, or ${TOKEN_FILE_ENV})",
+                         "TOKEN_NOT_FOUND")
+
+
+class EngineClient:
+    """Talks to one engine endpoint at ``address`` (``host:port``), with its token.
+
+    ``token``: the token itself; else it is read from ``token_file`` or found
+    as :func:`find_token` says, once the engine is reached (so an address
+    nobody serves gives ``ENGINE_NOT_FOUND``, not a missing token).
+    """
+
+    def __init__(self, address: str, timeout: float = 60.0, token: str | None = None,
+                 token_file: str | None = None):
         self.address = address
         self.timeout = timeout
+        self.token = token
+        self._token_file = token_file
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
 
     @classmethod
-    def connect(cls, engine: str | None = None, timeout: float = 60.0) -> "EngineClient":
+    def connect(cls, engine: str | None = None, timeout: float = 60.0, token: str | None = None,
+                token_file: str | None = None) -> "EngineClient":
         """A client of the engine named like the ``engine`` option (see :func:`resolve`), checked reachable."""
-        client = cls(resolve(engine), timeout)
+        client = cls(resolve(engine), timeout, token, token_file)
         client.hello()
         return client
 
@@ -72,13 +112,11 @@ class EngineClient:
 
     def close(self) -> None:
         with self._lock:
-            if self._sock is not None:
-                self._sock.close()
-                self._sock = None
+            self._drop()
 
     # --- operations ------------------------------------------------------------------
     def hello(self) -> dict:
-        """``{"pid", "address", "version"}`` of the engine process."""
+        """``{"pid", "address", "version", "engine"}`` of the engine process (``engine``: its run id)."""
         return self.request("hello")[0]
 
     def streams(self) -> dict:
@@ -89,35 +127,86 @@ class EngineClient:
         """``{"kind": "input"|"output"|"metrics", "fields": {name: type}, "time_field"}``; UnknownStreamError."""
         return self.request("schema", stream=stream)[0]
 
-    def send(self, stream: str, data: pa.Table | pa.RecordBatch, key: list | None = None) -> dict:
-        """Send ``data`` into input ``stream``; ``key`` (any JSON list) makes the send idempotent.
+    def send(self, stream: str, data: pa.Table | pa.RecordBatch) -> int:
+        """Send ``data`` into input ``stream`` as one engine send; returns the rows taken.
 
-        Returns ``{"rows": n, "duplicate": bool}``; a duplicate key ingests nothing.
+        Data larger than one request is staged in pieces under a private
+        writer id and committed at once: still all or nothing.
         """
         table = pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
-        return self.request("send", to_ipc(table.to_batches(), table.schema), stream=stream, key=key)[0]
+        pieces = list(chunks(table.to_batches(), chunk_bytes()))
+        if len(pieces) <= 1:
+            return self.request("send", to_ipc(table.to_batches(), table.schema), stream=stream)[0]["rows"]
+        writer = f"client-{uuid.uuid4().hex}"
+        for k, piece in enumerate(pieces):
+            run = self.stage(stream, writer, 0, 0, "0", k, piece)["engine"]
+        try:
+            return self.commit_stage(stream, writer, 0, [(0, "0", table.num_rows, run)])["rows"]
+        except errors.SparkcepError:
+            self.abort_stage(writer, 0)
+            raise
+
+    def stage(self, stream: str, writer: str, batch: int, partition: int, attempt: str, chunk: int,
+              batches: list[pa.RecordBatch]) -> dict:
+        """Stage chunk ``chunk`` of ``(writer, batch, partition)``; chunk 0 replaces what the key held.
+
+        Returns ``{"rows": staged for the key so far, "duplicate": batch committed before, "engine": run id}``.
+        """
+        return self.request("stage", to_ipc(batches, batches[0].schema), stream=stream, writer=writer,
+                            batch=batch, partition=partition, attempt=attempt, chunk=chunk)[0]
+
+    def commit_stage(self, stream: str, writer: str, batch: int, parts: list[tuple[int, str, int, str]]) -> dict:
+        """Send the staged ``parts`` (partition, attempt, rows, engine run) of a batch as one engine send.
+
+        Returns ``{"rows", "duplicate"}``; a batch at or before the writer's
+        last committed one takes nothing (``duplicate``).
+        """
+        return self.request("commit_stage", stream=stream, writer=writer, batch=batch,
+                            parts=[list(p) for p in parts])[0]
+
+    def abort_stage(self, writer: str, batch: int) -> int:
+        """Drop what is staged for ``batch`` of ``writer``; the rows dropped."""
+        return self.request("abort_stage", writer=writer, batch=batch)[0]["rows"]
 
     def end(self, stream: str) -> None:
         self.request("end", stream=stream)
 
-    def offsets(self, stream: str) -> tuple[dict[int, int], dict[int, int]]:
-        """``(earliest, latest)`` retained positions per partition of output ``stream``."""
-        h = self.request("offsets", stream=stream)[0]
-        return ({int(p): v for p, v in h["earliest"].items()}, {int(p): v for p, v in h["latest"].items()})
+    def offsets(self, stream: str, **identity) -> dict:
+        """``{"earliest", "latest", "engine", "deployment"}`` of output ``stream`` (positions per partition).
 
-    def read(self, stream: str, partition: int, start: int, end: int) -> pa.Table:
-        """Rows ``[start, end)`` of ``partition`` of output ``stream``, with the ``__seq`` column last."""
-        header, payload = self.request("read", stream=stream, partition=partition, start=start, end=end)
-        return from_ipc(payload)
+        ``identity`` (``engine``, ``deployment``, ``positions``) is checked by
+        the engine: positions of another run or deployment, or no longer
+        retained, are refused.
+        """
+        h = self.request("offsets", stream=stream, **_drop_none(identity))[0]
+        h["earliest"] = {int(p): v for p, v in h["earliest"].items()}
+        h["latest"] = {int(p): v for p, v in h["latest"].items()}
+        return h
 
-    def commit(self, stream: str, positions: dict[int, int], consumer: str = "default") -> None:
+    def read(self, stream: str, partition: int, start: int, end: int, **identity) -> pa.Table:
+        """Rows ``[start, end)`` of ``partition`` of output ``stream``, with the ``__seq`` column last.
+
+        Read in as many requests as the reply size limit needs.
+        """
+        tables = []
+        while True:
+            header, payload = self.request("read", stream=stream, partition=partition, start=start, end=end,
+                                           max_bytes=chunk_bytes(), **_drop_none(identity))
+            tables.append(from_ipc(payload))
+            start += header["rows"]
+            if start >= end or not header["rows"]:
+                break
+        return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+
+    def register(self, stream: str, consumer: str, positions: dict[int, int] | None = None, **identity) -> dict:
+        """Hold the rows of ``stream`` for ``consumer`` from ``positions`` (default: the earliest retained)."""
+        pos = None if positions is None else {str(p): int(v) for p, v in positions.items()}
+        return self.request("register", stream=stream, consumer=consumer, positions=pos, **_drop_none(identity))[0]
+
+    def commit(self, stream: str, positions: dict[int, int], consumer: str = "default", **identity) -> None:
         """Release the rows of ``stream`` before ``positions`` once every consumer passed them."""
         self.request("commit", stream=stream, consumer=consumer,
-                     positions={str(p): int(v) for p, v in positions.items()})
-
-    def commit_write(self, writer: str, batch: int) -> None:
-        """Writer ``writer`` committed batch ``batch``: keys of batches up to it are settled."""
-        self.request("commit_write", writer=writer, batch=batch)
+                     positions={str(p): int(v) for p, v in positions.items()}, **_drop_none(identity))
 
     def metrics(self) -> dict:
         """The engine's metrics plus the endpoint's counters and instance managers."""
@@ -139,7 +228,8 @@ class EngineClient:
         with self._lock:
             try:
                 sock = self._socket()
-                send_frame(sock, {"op": op, **fields}, payload)
+                self.token = self.token or find_token(self.address, self._token_file)
+                send_frame(sock, {"op": op, "token": self.token, **fields}, payload)
                 reply = recv_frame(sock)
             except OSError as e:
                 self._drop()
@@ -150,9 +240,11 @@ class EngineClient:
             if reply is None:
                 self._drop()
                 raise EngineNotFoundError(f"engine at {self.address} closed the connection during {op!r}")
-        header, data = reply
+            header, data = reply
+            err = header.get("error") or {}
+            if err.get("code") in _HANG_UP:
+                self._drop()  # the engine closed the connection after this reply
         if not header.get("ok"):
-            err = header.get("error", {})
             cls = _ERRORS.get(err.get("type"), errors.EngineError)
             raise cls(err.get("message", "unknown error"), err.get("code"))
         header.pop("ok")
@@ -169,3 +261,7 @@ class EngineClient:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+
+
+def _drop_none(fields: dict) -> dict:
+    return {k: v for k, v in fields.items() if v is not None}

@@ -1,10 +1,17 @@
-"""Finding the local engine: a small JSON file written when an engine starts.
+"""Finding the local engine and its token: small private files written when an engine starts.
 
-``$SPARKCEP_HOME/local.json`` (default ``~/.sparkcep/local.json``) holds
-``{"address": "127.0.0.1:PORT", "pid": PID, "started": UNIX_TIME}`` of the
-engine started last on this machine; it is removed when that engine closes.
-Processes that Spark or the CLI start find the engine through it unless they
-are given an explicit ``host:port``.
+``$SPARKCEP_HOME`` (default ``~/.sparkcep``, mode 0700) holds, while an
+engine of this machine runs:
+
+* ``engine-HOST-PORT.token`` (mode 0600): the token of the engine serving
+  ``HOST:PORT``, one file per running engine, removed when it closes;
+* ``local.json`` (mode 0600): ``{"address", "pid", "started", "token_file"}``
+  of the engine started last; removed when that engine closes.
+
+Processes that Spark or the CLI start find the engine through ``local.json``
+unless they are given an explicit ``host:port``, and the token of an engine
+of this machine through its token file (see
+:func:`sparkcep.control.client.find_token`).
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import os
 import time
 from pathlib import Path
 
+from sparkcep.control import auth
 from sparkcep.errors import EngineError
 
 
@@ -32,14 +40,16 @@ def local_file() -> Path:
     return home() / "local.json"
 
 
-def publish(address: str) -> Path:
-    """Record ``address`` (of an engine in this process) as the local engine."""
-    path = local_file()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".local.{os.getpid()}.{time.monotonic_ns()}.json")
-    tmp.write_text(json.dumps({"address": address, "pid": os.getpid(), "started": time.time()}))
-    os.replace(tmp, path)
-    return path
+def token_file(address: str) -> Path:
+    """Where the engine serving ``address`` (``host:port``) keeps its token."""
+    host, _, port = address.rpartition(":")
+    return home() / f"engine-{host.replace(':', '_')}-{port}.token"
+
+
+def publish(address: str, token_path: Path) -> Path:
+    """Record ``address`` (of an engine in this process) as the local engine, with its token file."""
+    info = {"address": address, "pid": os.getpid(), "started": time.time(), "token_file": str(token_path)}
+    return auth.write_private(local_file(), json.dumps(info))
 
 
 def unpublish(address: str) -> None:

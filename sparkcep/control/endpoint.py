@@ -1,29 +1,46 @@
-"""The loopback endpoint: an engine served to other processes of this machine.
+"""The loopback endpoint: an engine served to other processes of this machine, to its owner only.
 
 Started by :meth:`sparkcep.Engine.local`, listening on ``127.0.0.1`` at an
-ephemeral port, published in the local-engine file (see
-:mod:`sparkcep.control.discovery`). Spark's Python workers, the JVM plugin's
-instance-manager launcher and ``sparkcep status`` use it through
-:class:`sparkcep.control.client.EngineClient`. One thread per connection;
-engine calls that change state are serialised by :attr:`Endpoint.lock`.
+ephemeral port. It generates a token (:mod:`sparkcep.control.auth`), writes
+it to ``$SPARKCEP_HOME/engine-HOST-PORT.token`` (mode 0600) and publishes
+its address in ``local.json`` (see :mod:`sparkcep.control.discovery`).
+Spark's Python workers, the JVM plugin's instance-manager launcher and
+``sparkcep status`` use it through :class:`sparkcep.control.client.EngineClient`.
+One thread per connection; engine calls that change state are serialised by
+:attr:`Endpoint.lock`.
 
-Operations (the ``op`` of a request; framing in :mod:`sparkcep.control.protocol`):
+Every request carries the token. A request without it (or with a wrong
+one) gets the error ``UNAUTHENTICATED`` and its connection is closed before
+its payload is read; it is counted (``unauthenticated``) and logged once per
+peer host. A frame over the size limits of :mod:`sparkcep.control.protocol`
+gets ``FRAME_TOO_LARGE`` before anything is allocated for it, and its
+connection is closed too. Payloads are Arrow IPC, headers JSON: nothing a
+peer sends is unpickled.
+
+Operations (the ``op`` of a request):
 
 =================  ============================================================
-hello              pid, address, version
+hello              pid, address, version, engine run id
 streams            input and output streams with their fields
 schema             fields of one stream (input, output or ``$metrics``)
-send               ingest an Arrow payload into an input stream; with ``key``
-                   (writer, batch, partition) a key seen before ingests nothing
+send               ingest an Arrow payload into an input stream (one engine send)
+stage              append a chunk of a writer's (batch, partition) rows
+commit_stage       one engine send of a batch's staged partitions, in order
+abort_stage        drop a batch's staged rows
 end                end of input for a stream
-commit_write       the writer committed a batch: its keys are settled
 offsets            earliest/latest retained position per output partition
-read               rows [start, end) of one output partition (Arrow payload)
+read               rows [start, end) of one output partition, up to a byte budget
+register           hold an output's rows for a consumer from now on
 commit             a consumer is past these positions: release what all passed
 metrics            the engine's metrics plus the endpoint's counters
 register_im        record a running instance manager (``deregister_im``)
 instance_managers  the registered instance managers
 =================  ============================================================
+
+Requests about output positions (``offsets``, ``read``, ``register``,
+``commit``) may name the engine run and deployment the positions belong
+to (``engine``, ``deployment``): positions of another run or deployment are
+refused with ``OFFSET_ENGINE`` / ``OFFSET_DEPLOYMENT``, never applied.
 
 The stream ``$metrics`` is a log of metric samples, one row per metric
 (``time, name, value``), sampled when a reader asks for its offsets and the
@@ -32,6 +49,7 @@ last sample is older than :attr:`Endpoint.metrics_interval` seconds.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import sys
@@ -42,36 +60,18 @@ import traceback
 import numpy as np
 import pyarrow as pa
 
-from sparkcep.control import discovery
-from sparkcep.control.protocol import from_ipc, recv_frame, send_frame, to_ipc
+from sparkcep.control import auth, discovery
+from sparkcep.control.protocol import ProtocolError, from_ipc, read_head, read_payload, send_frame, to_ipc
+from sparkcep.control.staging import Staging
 from sparkcep.errors import EngineError, InputError, SparkcepError, UnknownStreamError
 from sparkcep.runtime.output_log import OutputLog
 from sparkcep.schema import type_name
 
 METRICS = "$metrics"
 METRICS_SCHEMA = pa.schema([("time", pa.timestamp("us")), ("name", pa.string()), ("value", pa.float64())])
+VERSION = 2
 
-
-class WriteLedger:
-    """Which idempotent sends were applied, per writer: ``(batch, partition)`` keys.
-
-    A key is a duplicate when its batch is at or before the writer's last
-    committed batch (Spark never replays those) or when it was applied already.
-    """
-
-    def __init__(self):
-        self.committed: dict[str, int] = {}
-        self.applied: dict[str, set[tuple[int, int]]] = {}
-
-    def seen(self, writer: str, batch: int, partition: int) -> bool:
-        return batch <= self.committed.get(writer, -1) or (batch, partition) in self.applied.get(writer, ())
-
-    def add(self, writer: str, batch: int, partition: int) -> None:
-        self.applied.setdefault(writer, set()).add((batch, partition))
-
-    def commit(self, writer: str, batch: int) -> None:
-        self.committed[writer] = max(self.committed.get(writer, -1), batch)
-        self.applied[writer] = {k for k in self.applied.get(writer, ()) if k[0] > batch}
+log = logging.getLogger(__name__)
 
 
 class Endpoint:
@@ -80,14 +80,18 @@ class Endpoint:
     def __init__(self, engine, host: str = "127.0.0.1", port: int = 0, publish: bool = True):
         self.engine = engine
         self.lock = threading.RLock()
-        self.ledger = WriteLedger()
-        self.metrics_log = OutputLog(METRICS_SCHEMA)
+        self.staging = Staging()
+        self.metrics_log = OutputLog(METRICS_SCHEMA, METRICS)
         self.metrics_interval = 1.0
         self._last_sample = 0.0
         self.instance_managers: dict[str, dict] = {}
-        self.counters = {"requests": 0, "rows_in": 0, "rows_out": 0, "duplicate_sends": 0}
+        self.counters = {"requests": 0, "rows_in": 0, "rows_out": 0, "unauthenticated": 0, "bad_frames": 0,
+                         "batch_commits": 0, "committed_partitions": 0, "duplicate_batches": 0}
+        self._refused_hosts: set[str] = set()
         self._server = socket.create_server((host, port))
         self.address = f"{host}:{self._server.getsockname()[1]}"
+        self.token = auth.generate()
+        self.token_file = auth.write(discovery.token_file(self.address), self.token)
         self._conns: set[socket.socket] = set()
         self._closed = False
         self._ops = {name[4:]: getattr(self, name) for name in dir(self) if name.startswith("_op_")}
@@ -95,15 +99,20 @@ class Endpoint:
         self._thread.start()
         self._published = publish
         if publish:
-            discovery.publish(self.address)
+            discovery.publish(self.address, self.token_file)
 
     def close(self) -> None:
-        """Stop serving: close the listening socket and every connection; unpublish."""
+        """Stop serving: close the listening socket and every connection; unpublish, remove the token file."""
         if self._closed:
             return
         self._closed = True
         if self._published:
             discovery.unpublish(self.address)
+        try:
+            if auth.read(self.token_file) == self.token:
+                self.token_file.unlink()
+        except (SparkcepError, OSError):
+            pass
         try:
             self._server.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -120,37 +129,53 @@ class Endpoint:
     def _accept(self) -> None:
         while not self._closed:
             try:
-                conn, _ = self._server.accept()
+                conn, peer = self._server.accept()
             except OSError:
                 return
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._conns.add(conn)
-            threading.Thread(target=self._serve, args=(conn,), daemon=True, name="sparkcep-endpoint-conn").start()
+            threading.Thread(target=self._serve, args=(conn, peer[0]), daemon=True,
+                             name="sparkcep-endpoint-conn").start()
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _serve(self, conn: socket.socket, peer: str) -> None:
         try:
             while True:
-                frame = recv_frame(conn)
-                if frame is None:
+                try:
+                    head = read_head(conn)
+                except ProtocolError as e:  # garbage or an oversized frame: say so, then hang up
+                    self.counters["bad_frames"] += 1
+                    _reply_error(conn, e)
                     return
-                header, payload = frame
+                if head is None:
+                    return
+                header, size = head
+                if not auth.check(self.token, header.pop("token", None)):
+                    self._refuse(conn, peer, header)
+                    return
+                payload = read_payload(conn, size)
                 try:
                     reply, data = self._dispatch(header, payload)
                     send_frame(conn, {"ok": True, **reply}, data)
                 except SparkcepError as e:
-                    send_frame(conn, {"ok": False, "error": {"type": type(e).__name__, "code": e.code,
-                                                             "message": str(e)}})
+                    _reply_error(conn, e)
                 except Exception as e:  # a bug: report it to the caller, keep serving
                     traceback.print_exc(file=sys.stderr)
-                    send_frame(conn, {"ok": False, "error": {"type": "EngineError", "code": "INTERNAL",
-                                                             "message": f"{header.get('op')}: {e!r}"}})
-        except OSError:
-            return
-        except SparkcepError:  # malformed frame: drop the connection
+                    _reply_error(conn, EngineError(f"{header.get('op')}: {e!r}", "INTERNAL"))
+        except (OSError, SparkcepError):  # the peer went away, or a frame was cut short
             return
         finally:
             self._conns.discard(conn)
             conn.close()
+
+    def _refuse(self, conn: socket.socket, peer: str, header: dict) -> None:
+        """Answer an unauthenticated request with UNAUTHENTICATED, count it, log it once per peer host."""
+        self.counters["unauthenticated"] += 1
+        if peer not in self._refused_hosts:
+            self._refused_hosts.add(peer)
+            log.warning("sparkcep endpoint %s refused a request without a valid token from %s (op %r); further "
+                        "refusals from %s are only counted", self.address, peer, header.get("op"), peer)
+        _reply_error(conn, auth.AuthError(f"the engine at {self.address} refuses requests without its token "
+                                          "(read from the engine's token file by its owner's clients)"))
 
     def _dispatch(self, header: dict, payload) -> tuple[dict, object]:
         self.counters["requests"] += 1
@@ -167,35 +192,55 @@ class Endpoint:
             return None
         return deps[0].query.sources[stream]
 
-    def _output_log(self, stream: str) -> OutputLog:
+    def _output_log(self, h: dict) -> OutputLog:
+        """The log of output ``h["stream"]``, checked against the run and deployment ``h`` names."""
+        stream = h["stream"]
         if stream == METRICS:
-            return self.metrics_log
-        log = self.engine.outputs.get(stream)
-        if log is None:
-            hint = " (an input stream: write to it, read one of its query's outputs)" \
-                if self._input_schema(stream) is not None else ""
-            raise UnknownStreamError(f"no deployed query has an output stream named {stream!r}{hint}; "
-                                     f"outputs: {sorted(self.engine.outputs) + [METRICS]}")
-        return log
+            log_ = self.metrics_log
+        else:
+            log_ = self.engine.outputs.get(stream)
+            if log_ is None:
+                hint = " (an input stream: write to it, read one of its query's outputs)" \
+                    if self._input_schema(stream) is not None else ""
+                raise UnknownStreamError(f"no deployed query has an output stream named {stream!r}{hint}; "
+                                         f"outputs: {sorted(self.engine.outputs) + [METRICS]}")
+        run, dep = h.get("engine"), h.get("deployment")
+        if run is not None and run != self.engine.run_id:
+            raise EngineError(f"positions of stream {stream!r} belong to engine run {run}, but the engine at "
+                              f"{self.address} is run {self.engine.run_id}: the engine restarted since they were "
+                              "taken, and its positions start over. Start the query with a new "
+                              "checkpointLocation (rows the old run had not committed are not in this engine)",
+                              "OFFSET_ENGINE")
+        if dep is not None and dep != log_.deployment:
+            raise EngineError(f"positions of stream {stream!r} belong to deployment {dep!r}, but the stream is now "
+                              f"produced by deployment {log_.deployment!r} (its query was undeployed and deployed "
+                              "again), whose positions start over. Start the query with a new checkpointLocation",
+                              "OFFSET_DEPLOYMENT")
+        return log_
+
+    def _identity(self, log_: OutputLog) -> dict:
+        return {"engine": self.engine.run_id, "deployment": log_.deployment}
 
     # --- operations --------------------------------------------------------------------
     def _op_hello(self, h, _):
-        return {"pid": os.getpid(), "address": self.address, "version": 1}, b""
+        return {"pid": os.getpid(), "address": self.address, "version": VERSION, "engine": self.engine.run_id}, b""
 
     def _op_streams(self, h, _):
         with self.lock:
             inputs = {n: dict(self._input_schema(n).schema.fields) for n in self.engine.streams}
-            outputs = {n: _fields(log.schema) for n, log in self.engine.outputs.items()}
+            outputs = {n: _fields(log_.schema) for n, log_ in self.engine.outputs.items()}
         return {"inputs": inputs, "outputs": outputs}, b""
 
     def _op_schema(self, h, _):
         stream = h["stream"]
         with self.lock:
             if stream == METRICS:
-                return {"kind": "metrics", "fields": _fields(METRICS_SCHEMA), "time_field": "time"}, b""
+                return {"kind": "metrics", "fields": _fields(METRICS_SCHEMA), "time_field": "time",
+                        "retained": True}, b""
             if stream in self.engine.outputs:
-                return {"kind": "output", "fields": _fields(self.engine.outputs[stream].schema),
-                        "time_field": None}, b""
+                log_ = self.engine.outputs[stream]
+                return {"kind": "output", "fields": _fields(log_.schema), "time_field": None,
+                        "retained": log_.retain}, b""
             src = self._input_schema(stream)
             if src is not None:
                 return {"kind": "input", "fields": dict(src.schema.fields), "time_field": src.time_field}, b""
@@ -204,48 +249,78 @@ class Endpoint:
                                      f"{sorted(self.engine.outputs) + [METRICS]}")
 
     def _op_send(self, h, payload):
-        stream, key = h["stream"], h.get("key")
         table = from_ipc(payload)
-        if table is None:
-            return {"rows": 0, "duplicate": False}, b""
         with self.lock:
-            if key is not None:
-                writer, batch, part = str(key[0]), int(key[1]), int(key[2])
-                if self.ledger.seen(writer, batch, part):
-                    self.counters["duplicate_sends"] += 1
-                    return {"rows": 0, "duplicate": True}, b""
-            n = self.engine.send(stream, table) if table.num_rows else 0
-            if key is not None:
-                self.ledger.add(writer, batch, part)
+            n = self.engine.send(h["stream"], table) if table is not None and table.num_rows else 0
             self.counters["rows_in"] += n
+        return {"rows": n}, b""
+
+    def _op_stage(self, h, payload):
+        stream = h["stream"]
+        if self._input_schema(stream) is None:
+            raise UnknownStreamError(f"no deployed query reads a stream named {stream!r}; streams: "
+                                     f"{sorted(self.engine.streams)}")
+        table = from_ipc(payload)
+        reply = self.staging.stage(str(h["writer"]), int(h["batch"]), int(h["partition"]), str(h["attempt"]),
+                                   int(h["chunk"]), stream, table if table is not None else pa.table({}))
+        return {**reply, "engine": self.engine.run_id}, b""
+
+    def _op_commit_stage(self, h, _):
+        writer, batch, stream = str(h["writer"]), int(h["batch"]), h["stream"]
+        parts = [(int(p), str(attempt), int(rows)) for p, attempt, rows, _ in h["parts"]]
+        lost = [(p, run) for p, _, rows, run in h["parts"] if rows and run != self.engine.run_id]
+        with self.lock:
+            if lost and batch > self.staging.committed.get(writer, -1):
+                p, run = lost[0]
+                raise InputError(f"writer {writer} batch {batch}: partition {p} was staged in engine run {run}, but "
+                                 f"the engine at {self.address} is run {self.engine.run_id}: it restarted between "
+                                 "the task's write and the commit, and the staged rows are gone. Restart the "
+                                 "query: Spark writes the batch again", "STAGE_MISSING")
+            table = self.staging.take(writer, batch, stream, parts)
+            if table is None:
+                self.counters["duplicate_batches"] += 1
+                return {"rows": 0, "duplicate": True}, b""
+            n = self.engine.send(stream, table) if table.num_rows else 0
+            self.staging.settle(writer, batch)
+            self.counters["rows_in"] += n
+            self.counters["batch_commits"] += 1
+            self.counters["committed_partitions"] += sum(1 for p in parts if p[2])
         return {"rows": n, "duplicate": False}, b""
+
+    def _op_abort_stage(self, h, _):
+        return {"rows": self.staging.abort(str(h["writer"]), int(h["batch"]))}, b""
 
     def _op_end(self, h, _):
         with self.lock:
             self.engine.end(h["stream"])
         return {}, b""
 
-    def _op_commit_write(self, h, _):
-        with self.lock:
-            self.ledger.commit(str(h["writer"]), int(h["batch"]))
-        return {}, b""
-
     def _op_offsets(self, h, _):
-        log = self._output_log(h["stream"])
-        if log is self.metrics_log:
+        log_ = self._output_log(h)
+        if log_ is self.metrics_log:
             self._sample_metrics(h.get("interval"))
-        return {"earliest": _keys(log.earliest()), "latest": _keys(log.latest())}, b""
+        earliest, latest = log_.earliest(), log_.latest()
+        if h.get("positions") is not None:
+            _check_positions(h["stream"], {int(p): int(v) for p, v in h["positions"].items()}, earliest, latest)
+        return {"earliest": _keys(earliest), "latest": _keys(latest), **self._identity(log_)}, b""
 
     def _op_read(self, h, _):
-        log = self._output_log(h["stream"])
-        batches = log.read(int(h["partition"]), int(h["start"]), int(h["end"]), seq=True)
+        log_ = self._output_log(h)
+        start, end = int(h["start"]), int(h["end"])
+        batches = _within(log_.read(int(h["partition"]), start, end, seq=True), int(h.get("max_bytes") or 0))
         rows = sum(b.num_rows for b in batches)
         self.counters["rows_out"] += rows
-        return {"rows": rows}, to_ipc(batches, batches[0].schema if batches else _stored_schema(log))
+        return {"rows": rows}, to_ipc(batches, batches[0].schema if batches else _stored_schema(log_))
+
+    def _op_register(self, h, _):
+        log_ = self._output_log(h)
+        positions = h.get("positions")
+        log_.register(str(h["consumer"]), None if positions is None else {int(p): int(v) for p, v in positions.items()})
+        return self._identity(log_), b""
 
     def _op_commit(self, h, _):
-        log = self._output_log(h["stream"])
-        log.commit({int(p): int(v) for p, v in h["positions"].items()}, str(h.get("consumer") or "default"))
+        log_ = self._output_log(h)
+        log_.commit({int(p): int(v) for p, v in h["positions"].items()}, str(h.get("consumer") or "default"))
         return {}, b""
 
     def _op_metrics(self, h, _):
@@ -275,7 +350,8 @@ class Endpoint:
         with self.lock:
             m = dict(self.engine.metrics())
             m["endpoint"] = dict(self.counters, instance_managers=len(self.instance_managers),
-                                 retained_rows=sum(log.retained for log in self.engine.outputs.values()))
+                                 staged_rows=self.staging.rows,
+                                 retained_rows=sum(log_.retained for log_ in self.engine.outputs.values()))
         return m
 
     def _sample_metrics(self, interval=None) -> None:
@@ -295,6 +371,40 @@ class Endpoint:
 def start_endpoint(engine, publish: bool = True) -> Endpoint:
     """Serve ``engine`` on 127.0.0.1 at an ephemeral port (what :meth:`sparkcep.Engine.local` calls)."""
     return Endpoint(engine, publish=publish)
+
+
+def _reply_error(conn: socket.socket, e: SparkcepError) -> None:
+    send_frame(conn, {"ok": False, "error": {"type": type(e).__name__, "code": e.code, "message": str(e)}})
+
+
+def _check_positions(stream: str, positions: dict[int, int], earliest: dict[int, int],
+                     latest: dict[int, int]) -> None:
+    """Positions a reader resumes from must be retained: never clamped, never skipped."""
+    for p, pos in sorted(positions.items()):
+        if pos < earliest.get(p, 0):
+            raise EngineError(f"stream {stream!r} partition {p}: position {pos} was released (every consumer "
+                              f"committed past it); the first retained row is at {earliest[p]}. Rows were lost "
+                              "to this reader: start it with a new checkpointLocation", "OFFSET_RELEASED")
+        if pos > latest.get(p, 0):
+            raise EngineError(f"stream {stream!r} partition {p}: position {pos} is past the last row the engine "
+                              f"produced ({latest.get(p, 0)}); the positions come from elsewhere", "OFFSET_RANGE")
+
+
+def _within(batches: list[pa.RecordBatch], budget: int) -> list[pa.RecordBatch]:
+    """The leading rows of ``batches`` that fit in ``budget`` bytes (at least one row; 0: no budget)."""
+    if not budget:
+        return batches
+    out, size = [], 0
+    for b in batches:
+        if size + b.nbytes <= budget:
+            out.append(b)
+            size += b.nbytes
+            continue
+        rows = (budget - size) // max(b.nbytes // max(b.num_rows, 1), 1)
+        if rows or not out:
+            out.append(b.slice(0, max(rows, 1)))
+        break
+    return out
 
 
 def _flatten(d: dict, prefix: str = ""):
@@ -322,5 +432,5 @@ def _keys(positions: dict[int, int]) -> dict[str, int]:
     return {str(p): int(v) for p, v in sorted(positions.items())}
 
 
-def _stored_schema(log: OutputLog) -> pa.Schema:
-    return pa.schema(list(log.schema) + [pa.field("__seq", pa.int64())])
+def _stored_schema(log_: OutputLog) -> pa.Schema:
+    return pa.schema(list(log_.schema) + [pa.field("__seq", pa.int64())])

@@ -43,7 +43,9 @@ def test_published_while_open_and_removed_at_close(home):
     with cep.Engine.local() as e:
         info = json.loads((home / "local.json").read_text())
         assert info["address"] == e.endpoint.address and resolve(None) == e.endpoint.address
+        assert info["token_file"] == str(discovery.token_file(e.endpoint.address))
     assert not (home / "local.json").exists()
+    assert not discovery.token_file(e.endpoint.address).exists()
     with pytest.raises(EngineNotFoundError) as err:
         EngineClient.connect()
     assert err.value.code == "ENGINE_NOT_FOUND"
@@ -58,10 +60,10 @@ def test_stale_file_of_a_dead_process_is_reported(home):
 def test_schema_send_read_commit(served):
     e, c = served
     assert c.schema("all") == {"kind": "output", "fields": {"ip": "string", "ts": "timestamp", "bytes": "int64"},
-                               "time_field": None}
+                               "time_field": None, "retained": True}
     assert c.schema("connections")["kind"] == "input"
-    assert c.send("connections", _rows(5)) == {"rows": 5, "duplicate": False}
-    assert c.offsets("all") == ({0: 0}, {0: 5})
+    assert c.send("connections", _rows(5)) == 5
+    assert c.offsets("all") == {"earliest": {0: 0}, "latest": {0: 5}, "engine": e.run_id, "deployment": "demo#1"}
     t = c.read("all", 0, 1, 4)
     assert t.column("bytes").to_pylist() == [1, 2, 3] and t.column("__seq").to_pylist() == [1, 2, 3]
     c.commit("all", {0: 2}, consumer="spark")
@@ -71,16 +73,61 @@ def test_schema_send_read_commit(served):
     assert err.value.code == "OFFSET_RELEASED"
 
 
-def test_keyed_send_is_ingested_once(served):
+def test_offsets_name_their_engine_run_and_deployment(served):
+    """Positions of another run or deployment, released or never produced, are refused: no clamping."""
     e, c = served
-    assert c.send("connections", _rows(4), key=["q1", 0, 0])["duplicate"] is False
-    assert c.send("connections", _rows(4), key=["q1", 0, 0])["duplicate"] is True
-    assert c.send("connections", _rows(2, 4), key=["q1", 0, 1])["rows"] == 2
-    c.commit_write("q1", 0)
-    assert c.send("connections", _rows(4), key=["q1", 0, 5])["duplicate"] is True  # batch 0 is settled
-    assert c.send("connections", _rows(1, 6), key=["q2", 0, 0])["rows"] == 1  # another writer
-    assert e.collect("all").column("bytes").to_pylist() == list(range(7))
-    assert e.endpoint.counters["duplicate_sends"] == 2
+    c.send("connections", _rows(6))
+    ours = {"engine": e.run_id, "deployment": "demo#1"}
+    assert c.read("all", 0, 0, 6, **ours).num_rows == 6
+    with pytest.raises(EngineError) as err:
+        c.read("all", 0, 0, 6, engine="0" * 32, deployment="demo#1")
+    assert err.value.code == "OFFSET_ENGINE" and "0" * 32 in str(err.value) and e.run_id in str(err.value)
+    with pytest.raises(EngineError) as err:
+        c.commit("all", {0: 6}, "spark", engine="0" * 32, deployment="demo#1")
+    assert err.value.code == "OFFSET_ENGINE"
+    assert e.collect("all").num_rows == 6  # nothing released by the refused commit
+    with pytest.raises(EngineError) as err:
+        c.offsets("all", positions={"0": 7}, **ours)
+    assert err.value.code == "OFFSET_RANGE"
+    c.commit("all", {0: 2}, "spark", **ours)
+    with pytest.raises(EngineError) as err:
+        c.offsets("all", positions={"0": 1}, **ours)
+    assert err.value.code == "OFFSET_RELEASED"
+    q = e.deployments["demo"].query
+    e.undeploy("demo")
+    e.deploy(q)
+    with pytest.raises(EngineError) as err:
+        c.offsets("all", **ours)
+    assert err.value.code == "OFFSET_DEPLOYMENT" and "'demo#1'" in str(err.value) and "'demo#2'" in str(err.value)
+
+
+def test_registered_consumer_holds_rows_before_its_first_commit(served):
+    e, c = served
+    c.send("connections", _rows(5))
+    c.register("all", "late-reader")
+    c.commit("all", {0: 5}, "early-reader")
+    assert e.collect("all").num_rows == 5  # the registered consumer has read nothing yet
+    c.commit("all", {0: 3}, "late-reader")
+    assert e.collect("all").column("bytes").to_pylist() == [3, 4]
+
+
+def test_sends_and_reads_larger_than_a_frame_are_split(served, monkeypatch):
+    """A send over the payload limit is staged in pieces and taken as one engine send; reads come in pieces."""
+    from sparkcep.control import protocol
+
+    e, c = served
+    monkeypatch.setattr(protocol, "MAX_PAYLOAD", 64 << 10)
+    sends = []
+    real = e.send
+    monkeypatch.setattr(e, "send", lambda stream, data: sends.append(data.num_rows) or real(stream, data))
+    before = e.endpoint.counters["requests"]
+    assert c.send("connections", _rows(20_000)) == 20_000
+    assert sends == [20_000]  # one engine send
+    assert e.endpoint.counters["requests"] - before > 4  # in several requests
+    before = e.endpoint.counters["requests"]
+    t = c.read("all", 0, 0, 20_000)
+    assert t.column("bytes").to_pylist() == list(range(20_000))
+    assert e.endpoint.counters["requests"] - before > 4
 
 
 def test_errors_keep_their_class_and_code(served):
@@ -95,7 +142,7 @@ def test_errors_keep_their_class_and_code(served):
     with pytest.raises(EngineError) as err:
         c.request("frobnicate")
     assert err.value.code == "UNKNOWN_OP"
-    assert c.hello()["pid"] > 0  # the connection survives errors
+    assert c.hello()["engine"] == e.run_id  # the connection survives errors
 
 
 def test_metrics_and_instance_managers(served):
@@ -106,7 +153,7 @@ def test_metrics_and_instance_managers(served):
     assert [i["id"] for i in c.instance_managers()] == ["x-0"]
     c.deregister_im("x-0")
     assert c.instance_managers() == []
-    earliest, latest = c.offsets("$metrics")
+    latest = c.offsets("$metrics")["latest"]
     samples = c.read("$metrics", 0, 0, latest[0]).to_pydict()
     assert dict(zip(samples["name"], samples["value"]))["sequence"] == 3.0
 
