@@ -1,9 +1,11 @@
-"""Options of the ``upmcep`` data source, checked once on the driver.
+"""Options of the ``upmcep`` data source, checked once when Spark creates the data source.
 
 =====================  ==================================================================
 ``engine``             unset or ``local``: the local engine (its published endpoint);
                        ``host:port``: that endpoint; ``zk://host:port/path``: reserved for
                        engines registered in ZooKeeper
+``tokenFile``          the file holding the engine's token; default: the file an engine of
+                       this machine writes under ``$SPARKCEP_HOME``, else ``$SPARKCEP_TOKEN_FILE``
 ``stream``             the engine stream: an output (read) or an input (write); ``load(name)``
                        and ``save(name)`` work too. ``$metrics`` reads the metric samples
 ``startingOffsets``    ``earliest`` (default: every retained row), ``latest``, or JSON
@@ -15,14 +17,26 @@
                        are released once every consumer of an output passed them
 ``metricsInterval``    seconds between two ``$metrics`` samples (default 1)
 =====================  ==================================================================
+
+The options from ``startingOffsets`` on apply to reading only. Spark adds
+``path`` (``load(name)``, ``save(name)``, ``start(name)``),
+``checkpointLocation`` and ``queryName`` itself; any other key is refused
+with the closest valid name.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass
 
 from sparkcep.errors import SparkcepError
+
+COMMON = ("stream", "engine", "tokenFile")
+READ_ONLY = ("startingOffsets", "maxRecordsPerTrigger", "rowsPerPartition", "includeMetadata", "consumer",
+             "metricsInterval")
+FROM_SPARK = ("path", "checkpointLocation", "queryName")  # what Spark itself passes to a Python data source
+_NAMES = {n.lower(): n for n in COMMON + READ_ONLY + FROM_SPARK}
 
 
 class SparkSourceError(SparkcepError):
@@ -48,28 +62,47 @@ def spark_error(e: SparkcepError) -> SparkSourceError:
 class SourceOptions:
     engine: str | None
     stream: str
+    token_file: str | None = None
     starting: str | dict[int, int] = "earliest"
     max_records: int | None = None
     rows_per_partition: int = 1_000_000
     metadata: bool = True
     consumer: str = "spark"
     metrics_interval: float = 1.0
+    given: frozenset[str] = frozenset()  # the options set, by their canonical names
 
     @classmethod
     def parse(cls, options) -> "SourceOptions":
         """Options from Spark's case-insensitive option map; SparkSourceError ``OPTION`` when invalid."""
         opts = {str(k).lower(): v for k, v in dict(options).items()}
+        for key in opts:
+            if key not in _NAMES:
+                raise SparkSourceError(f"unknown option {key!r}{_suggest(key)}; the options are "
+                                       f"{', '.join(COMMON + READ_ONLY)}", "OPTION")
         stream = opts.get("stream") or opts.get("path")
         if not stream:
             raise SparkSourceError("option 'stream' is required: .option('stream', '<engine stream name>')",
                                    "OPTION")
-        return cls(engine=opts.get("engine") or None, stream=stream,
+        return cls(engine=opts.get("engine") or None, stream=stream, token_file=opts.get("tokenfile") or None,
                    starting=_starting(opts.get("startingoffsets", "earliest")),
-                   max_records=_positive(opts, "maxrecordspertrigger", "maxRecordsPerTrigger", None),
-                   rows_per_partition=_positive(opts, "rowsperpartition", "rowsPerPartition", 1_000_000),
-                   metadata=_bool(opts, "includemetadata", "includeMetadata", True),
+                   max_records=_positive(opts, "maxRecordsPerTrigger", None),
+                   rows_per_partition=_positive(opts, "rowsPerPartition", 1_000_000),
+                   metadata=_bool(opts, "includeMetadata", True),
                    consumer=opts.get("consumer") or "spark",
-                   metrics_interval=_float(opts, "metricsinterval", "metricsInterval", 1.0))
+                   metrics_interval=_float(opts, "metricsInterval", 1.0),
+                   given=frozenset(_NAMES[k] for k in opts))
+
+    def check_writable(self) -> None:
+        """Refuse reading options on a writer (SparkSourceError ``OPTION``)."""
+        misplaced = [n for n in READ_ONLY if n in self.given]
+        if misplaced:
+            raise SparkSourceError(f"option {misplaced[0]} applies to reading (read/readStream); a writer takes "
+                                   f"{', '.join(COMMON)}", "OPTION")
+
+
+def _suggest(key: str) -> str:
+    close = difflib.get_close_matches(key, list(_NAMES), n=1, cutoff=0.6)
+    return f" (did you mean {_NAMES[close[0]]}?)" if close else ""
 
 
 def _starting(value: str):
@@ -84,7 +117,8 @@ def _starting(value: str):
                                '{"partition": position, ...}', "OPTION") from None
 
 
-def _positive(opts: dict, key: str, name: str, default):
+def _positive(opts: dict, name: str, default):
+    key = name.lower()
     if key not in opts:
         return default
     try:
@@ -96,7 +130,8 @@ def _positive(opts: dict, key: str, name: str, default):
     return n
 
 
-def _float(opts: dict, key: str, name: str, default: float) -> float:
+def _float(opts: dict, name: str, default: float) -> float:
+    key = name.lower()
     if key not in opts:
         return default
     try:
@@ -108,7 +143,8 @@ def _float(opts: dict, key: str, name: str, default: float) -> float:
     return x
 
 
-def _bool(opts: dict, key: str, name: str, default: bool) -> bool:
+def _bool(opts: dict, name: str, default: bool) -> bool:
+    key = name.lower()
     if key not in opts:
         return default
     v = str(opts[key]).strip().lower()

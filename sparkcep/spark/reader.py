@@ -1,10 +1,15 @@
 """Reading engine outputs into Spark: batch and streaming readers over the output log.
 
-Offsets are ``{"positions": {"<partition>": position}}``: per output partition,
-the position (row count since that partition's first row) up to which rows are
-included. A micro-batch reads ``[start, end)`` of each partition, rows stay in
-the engine until :meth:`StreamReader.commit`, so a query restarted from its
-checkpoint re-reads exactly the ranges it had planned but not committed.
+Offsets are ``{"engine": run id, "deployment": id, "positions": {"<partition>": position}}``:
+per output partition, the position (row count since that partition's first
+row) up to which rows are included, and the engine run and deployment those
+positions belong to. A micro-batch reads ``[start, end)`` of each partition;
+rows stay in the engine until :meth:`StreamReader.commit`, so a query
+restarted from its checkpoint re-reads exactly the ranges it had planned
+but not committed. Offsets of another engine run or deployment (the engine
+restarted, the query was deployed again) and positions the engine no longer
+retains are refused by the engine (``OFFSET_ENGINE``, ``OFFSET_DEPLOYMENT``,
+``OFFSET_RELEASED``, ``OFFSET_RANGE``): never clamped, never skipped.
 
 Planning (``initialOffset``, ``latestOffset``, ``partitions``, ``commit``)
 runs in Spark's driver-side Python process on one long-lived reader;
@@ -21,32 +26,35 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
 
-from sparkcep.errors import SparkcepError
-from sparkcep.spark import connection
-from sparkcep.spark.options import SourceOptions, spark_error
+from sparkcep.spark.connection import Target, call
+from sparkcep.spark.options import SourceOptions, SparkSourceError
 
 MAX_BATCH_ROWS = 1 << 18  # rows per Arrow batch handed to Spark
+METRICS = "$metrics"
 
 
 @dataclass
 class LogRange(InputPartition):
-    """Rows ``[start, end)`` of partition ``partition`` of output ``stream``: one Spark task."""
+    """Rows ``[start, end)`` of partition ``partition`` of output ``stream`` of one deployment: one Spark task."""
 
-    address: str
+    target: Target
     stream: str
+    engine: str
+    deployment: str
     partition: int
     start: int
     end: int
 
 
-def plan_ranges(address: str, stream: str, start: dict[int, int], end: dict[int, int],
+def plan_ranges(target: Target, stream: str, state: dict, start: dict[int, int], end: dict[int, int],
                 rows_per_task: int) -> list[LogRange]:
     """The tasks reading from ``start`` to ``end``, each at most ``rows_per_task`` rows."""
     out = []
     for p in sorted(end):
         s, e = start.get(p, 0), end[p]
         while s < e:
-            out.append(LogRange(address, stream, p, s, min(s + rows_per_task, e)))
+            out.append(LogRange(target, stream, state["engine"], state["deployment"], p, s,
+                                min(s + rows_per_task, e)))
             s = out[-1].end
     return out
 
@@ -56,13 +64,11 @@ def read_range(r: LogRange, schema, metadata: bool):
     from pyspark.sql.pandas.types import to_arrow_schema
 
     target = to_arrow_schema(schema, timezone="UTC")
-    try:
-        table = connection.call(r.address, lambda c: c.read(r.stream, r.partition, r.start, r.end))
-    except SparkcepError as e:
-        raise spark_error(e) from None
+    table = call(r.target, lambda c: c.read(r.stream, r.partition, r.start, r.end, engine=r.engine,
+                                            deployment=r.deployment))
     if table.num_rows != r.end - r.start:
-        raise spark_error(SparkcepError(f"stream {r.stream!r} partition {r.partition}: asked rows "
-                                        f"[{r.start}, {r.end}), got {table.num_rows}", "SHORT_READ"))
+        raise SparkSourceError(f"stream {r.stream!r} partition {r.partition}: asked rows [{r.start}, {r.end}), "
+                               f"got {table.num_rows}", "SHORT_READ")
     table = table.combine_chunks()
     offset = r.start
     for b in table.to_batches(max_chunksize=MAX_BATCH_ROWS):
@@ -76,12 +82,19 @@ def read_range(r: LogRange, schema, metadata: bool):
         offset += n
 
 
-def _positions(offset: dict) -> dict[int, int]:
+def offset_of(state: dict, positions: dict[int, int]) -> dict:
+    """The Spark offset of ``positions`` in the run and deployment of ``state``."""
+    return {"engine": state["engine"], "deployment": state["deployment"],
+            "positions": {str(p): int(positions[p]) for p in sorted(positions)}}
+
+
+def positions_of(offset: dict, stream: str) -> dict[int, int]:
+    """The positions of a Spark offset; ``OFFSET_FORMAT`` for an offset without its engine run and deployment."""
+    if not isinstance(offset, dict) or not {"engine", "deployment", "positions"} <= offset.keys():
+        raise SparkSourceError(f"offset {offset!r} of stream {stream!r} does not name its engine run and "
+                               "deployment (a checkpoint written by an earlier sparkcep?); start the query with "
+                               "a new checkpointLocation", "OFFSET_FORMAT")
     return {int(p): int(v) for p, v in offset["positions"].items()}
-
-
-def _offset(positions: dict[int, int]) -> dict:
-    return {"positions": {str(p): int(positions[p]) for p in sorted(positions)}}
 
 
 def spread(start: dict[int, int], latest: dict[int, int], max_rows: int) -> dict[int, int]:
@@ -98,21 +111,23 @@ def spread(start: dict[int, int], latest: dict[int, int], max_rows: int) -> dict
 
 
 class _Reader:
-    """What batch and streaming readers share: options, schema, the engine address."""
+    """What batch and streaming readers share: options, schema, the engine."""
 
-    def __init__(self, address: str, opts: SourceOptions, schema):
-        self.address, self.opts, self.schema = address, opts, schema
+    def __init__(self, target: Target, opts: SourceOptions, schema):
+        self.target, self.opts, self.schema = target, opts, schema
 
-    def _offsets(self) -> tuple[dict[int, int], dict[int, int]]:
-        interval = self.opts.metrics_interval
-        try:
-            if self.opts.stream == "$metrics":
-                h = connection.call(self.address, lambda c: c.request("offsets", stream="$metrics",
-                                                                      interval=interval)[0])
-                return ({int(p): v for p, v in h["earliest"].items()}, {int(p): v for p, v in h["latest"].items()})
-            return connection.call(self.address, lambda c: c.offsets(self.opts.stream))
-        except SparkcepError as e:
-            raise spark_error(e) from None
+    def _state(self, offset: dict | None = None, positions: dict[int, int] | None = None) -> dict:
+        """The output's earliest/latest positions, run and deployment; ``offset``/``positions`` checked by the engine."""
+        fields = {}
+        if offset is not None:
+            pos = positions_of(offset, self.opts.stream)
+            fields = {"engine": offset["engine"], "deployment": offset["deployment"]}
+            positions = pos if positions is None else positions
+        if positions is not None:
+            fields["positions"] = {str(p): int(v) for p, v in positions.items()}
+        if self.opts.stream == METRICS:
+            fields["interval"] = self.opts.metrics_interval
+        return call(self.target, lambda c: c.offsets(self.opts.stream, **fields))
 
     def read(self, partition: LogRange):
         return read_range(partition, self.schema, self.opts.metadata)
@@ -122,58 +137,68 @@ class BatchReader(_Reader, DataSourceReader):
     """``spark.read.format("upmcep")``: every row the output retains when the query is planned."""
 
     def partitions(self):
-        earliest, latest = self._offsets()
-        return plan_ranges(self.address, self.opts.stream, earliest, latest, self.opts.rows_per_partition)
+        state = self._state()
+        return plan_ranges(self.target, self.opts.stream, state, state["earliest"], state["latest"],
+                           self.opts.rows_per_partition)
 
 
 class StreamReader(_Reader, DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """``spark.readStream.format("upmcep")``: the output as it grows; see the module docstring."""
+    """``spark.readStream.format("upmcep")``: the output as it grows; see the module docstring.
 
-    def __init__(self, address: str, opts: SourceOptions, schema):
-        super().__init__(address, opts, schema)
+    Created when the query starts (Spark builds it before asking for any
+    offset): it registers its consumer at once, so no other consumer's commit
+    releases rows it has not read yet.
+    """
+
+    def __init__(self, target: Target, opts: SourceOptions, schema):
+        super().__init__(target, opts, schema)
         self._cap: dict[int, int] | None = None
+        call(target, lambda c: c.register(opts.stream, opts.consumer))
 
     def initialOffset(self) -> dict:
         """Called once for a query without a checkpoint: where ``startingOffsets`` says to begin."""
-        earliest, latest = self._offsets()
         s = self.opts.starting
-        if s == "earliest":
-            return _offset(earliest)
-        if s == "latest":
-            return _offset(latest)
-        return _offset({**earliest, **s})
+        if isinstance(s, dict):
+            state = self._state()
+            state = self._state(positions={**state["earliest"], **s})
+            return offset_of(state, {**state["earliest"], **s})
+        state = self._state()
+        return offset_of(state, state[s])
 
     def getDefaultReadLimit(self):
         return ReadMaxRows(self.opts.max_records) if self.opts.max_records else ReadAllAvailable()
 
     def latestOffset(self, start: dict, limit=None) -> dict:
         """Called before each micro-batch: the end of the next one, within ``limit``."""
-        begin = _positions(start)
-        _, latest = self._offsets()
-        latest = {p: max(v, begin.get(p, 0)) for p, v in {**begin, **latest}.items()}
+        state = self._state(start)  # refused if start is of another run/deployment or no longer retained
+        begin = positions_of(start, self.opts.stream)
+        latest = {**begin, **state["latest"]}
         if self._cap is not None:
             latest = {p: max(min(v, self._cap.get(p, 0)), begin.get(p, 0)) for p, v in latest.items()}
         if isinstance(limit, ReadMaxRows):
             latest = spread(begin, latest, limit.max_rows)
-        return _offset(latest)
+        return offset_of(state, latest)
 
     def reportLatestOffset(self):
-        return _offset(self._offsets()[1])
+        state = self._state()
+        return offset_of(state, state["latest"])
 
     def prepareForTriggerAvailableNow(self) -> None:
         """``trigger(availableNow=True)``: read up to what is there now, then stop."""
-        self._cap = self._offsets()[1]
+        self._cap = self._state()["latest"]
 
     def partitions(self, start: dict, end: dict):
-        return plan_ranges(self.address, self.opts.stream, _positions(start), _positions(end),
-                           self.opts.rows_per_partition)
+        """The tasks of one micro-batch; both offsets are checked by the engine first."""
+        self._state(start)
+        state = self._state(end)
+        return plan_ranges(self.target, self.opts.stream, state, positions_of(start, self.opts.stream),
+                           positions_of(end, self.opts.stream), self.opts.rows_per_partition)
 
     def commit(self, end: dict) -> None:
         """Spark finished every row before ``end``: the engine may release them (for this consumer)."""
-        try:
-            connection.call(self.address, lambda c: c.commit(self.opts.stream, _positions(end), self.opts.consumer))
-        except SparkcepError as e:
-            raise spark_error(e) from None
+        positions = positions_of(end, self.opts.stream)
+        call(self.target, lambda c: c.commit(self.opts.stream, positions, self.opts.consumer, engine=end["engine"],
+                                             deployment=end["deployment"]))
 
     def stop(self) -> None:
         pass

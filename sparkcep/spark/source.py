@@ -6,11 +6,21 @@
 
 Auto-registered through the top-level module ``pyspark_upmcep`` (Spark finds
 any installed ``pyspark_*`` module with a ``DefaultSource``). Options: see
-:mod:`sparkcep.spark.options`. Spark creates the data source on the driver,
-in a Python process of its own, when ``load()``/``start()`` plans a query:
-the engine is resolved and the stream looked up there, so a wrong stream or
-an unreachable engine fails at ``load()`` with ``[UPMCEP_<CODE>]`` in the
-message. The readers and writers it returns are pickled to executors.
+:mod:`sparkcep.spark.options`. The readers and writers it returns are
+pickled to executors.
+
+When Spark calls it (PySpark 4.3, measured): ``read.load()``,
+``readStream.load()`` and ``write.save()`` create the data source on the
+driver, in a Python process of their own, before they return: options, the
+engine, its token, the stream, its direction and the schema are all checked
+there, and a mistake fails the call with ``[UPMCEP_<CODE>]`` in the message.
+``writeStream.start()`` runs no Python of the data source at all: the JVM
+builds the sink from the DataFrame's schema (``PythonDataSourceV2`` accepts
+external metadata, so ``schema()`` is never asked) and ``start()`` returns
+once the query thread has started. The data source is created, and
+``streamWriter()`` called, on the driver when each micro-batch is planned,
+before any task runs: the same checks fail the query there, at its first
+micro-batch, before a row is written.
 """
 
 from __future__ import annotations
@@ -19,7 +29,7 @@ from pyspark.sql.datasource import DataSource
 
 from sparkcep.control.client import resolve
 from sparkcep.errors import SparkcepError
-from sparkcep.spark import connection
+from sparkcep.spark.connection import Target, call
 from sparkcep.spark.options import SourceOptions, SparkSourceError, spark_error
 from sparkcep.spark.types import check_writable, spark_schema
 
@@ -35,36 +45,45 @@ class UpmcepDataSource(DataSource):
         super().__init__(options)
         try:
             self.opts = SourceOptions.parse(options)
-            self.address = resolve(self.opts.engine)
+            self.target = Target(resolve(self.opts.engine), self.opts.token_file)
         except SparkcepError as e:
             raise spark_error(e) from None
         self._info: dict | None = None
 
     def _stream_info(self) -> dict:
         if self._info is None:
-            try:
-                self._info = connection.call(self.address, lambda c: c.schema(self.opts.stream))
-            except SparkcepError as e:
-                raise spark_error(e) from None
+            self._info = call(self.target, lambda c: c.schema(self.opts.stream))
         return self._info
 
     def schema(self):
-        """The stream's fields as a Spark schema; for outputs plus ``_partition``, ``_offset``, ``_seq``."""
-        info = self._stream_info()
-        return spark_schema(info["fields"], self.opts.metadata and info["kind"] != "input")
+        """The output's fields as a Spark schema, plus ``_partition``, ``_offset``, ``_seq``.
 
-    def _readable(self, schema) -> None:
+        Asked by ``load()`` without a user schema, and only by reads (Spark's
+        write paths pass the DataFrame's schema), so reading an input stream
+        fails here, at ``load()``.
+        """
+        self._check_readable()
+        return spark_schema(self._stream_info()["fields"], self.opts.metadata)
+
+    def _check_readable(self) -> None:
         info = self._stream_info()
         if info["kind"] == "input":
             raise SparkSourceError(f"stream {self.opts.stream!r} is an input stream: write to it with "
                                    "writeStream/write, and read one of its query's outputs", "NOT_READABLE")
-        expected = spark_schema(info["fields"], self.opts.metadata)
+        if not info.get("retained", True):
+            raise SparkSourceError(f"output {self.opts.stream!r} keeps no rows (its query was deployed with "
+                                   "retain=False): nothing to read; deploy it with retain=True", "NOT_READABLE")
+
+    def _readable(self, schema) -> None:
+        self._check_readable()
+        expected = spark_schema(self._stream_info()["fields"], self.opts.metadata)
         if [(f.name, f.dataType) for f in schema.fields] != [(f.name, f.dataType) for f in expected.fields]:
             raise SparkSourceError(f"a user-specified schema {schema.simpleString()} differs from stream "
                                    f"{self.opts.stream!r}'s schema {expected.simpleString()}; drop .schema()",
                                    "SCHEMA")
 
     def _writable(self, schema, overwrite: bool) -> list[str]:
+        self.opts.check_writable()
         info = self._stream_info()
         if info["kind"] != "input":
             raise SparkSourceError(f"stream {self.opts.stream!r} is an {info['kind']} stream; only input streams "
@@ -77,20 +96,20 @@ class UpmcepDataSource(DataSource):
         from sparkcep.spark.reader import BatchReader
 
         self._readable(schema)
-        return BatchReader(self.address, self.opts, schema)
+        return BatchReader(self.target, self.opts, schema)
 
     def streamReader(self, schema):
         from sparkcep.spark.reader import StreamReader
 
         self._readable(schema)
-        return StreamReader(self.address, self.opts, schema)
+        return StreamReader(self.target, self.opts, schema)
 
     def writer(self, schema, overwrite: bool):
         from sparkcep.spark.writer import BatchWriter
 
-        return BatchWriter(self.address, self.opts.stream, self._writable(schema, overwrite))
+        return BatchWriter(self.target, self.opts.stream, self._writable(schema, overwrite))
 
     def streamWriter(self, schema, overwrite: bool):
         from sparkcep.spark.writer import StreamWriter
 
-        return StreamWriter(self.address, self.opts.stream, self._writable(schema, overwrite))
+        return StreamWriter(self.target, self.opts.stream, self._writable(schema, overwrite))

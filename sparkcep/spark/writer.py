@@ -1,11 +1,21 @@
-"""Writing Spark data into an engine input stream, each Spark task's rows exactly once.
+"""Writing Spark data into an engine input stream: a micro-batch is one engine send, taken once.
 
-Each task sends all its rows in one idempotent request keyed by
-``(writer id, batch id, partition id)``: the streaming query's id (stable
-across restarts from a checkpoint) and the micro-batch id, or a random id
-per batch write job. The engine ingests a key once, so a retried task or a
-micro-batch replayed after a restart is not ingested twice; a request cut
-short ingests nothing. ``commit`` on the driver settles the batch's keys.
+Each task *stages* its rows in the engine under ``(writer, batch,
+partition)`` -- the streaming query's id (stable across restarts from a
+checkpoint) or a batch job's id, Spark's batch id, the task's partition --
+in chunks of a few MiB (:mod:`sparkcep.control.staging`); nothing is visible
+yet. When every task succeeded, ``commit`` on the driver makes the engine
+send all staged partitions as one batch, in (partition, row) order: one
+epoch, so the order in which Spark ran its tasks cannot make an event late,
+and either every row of the micro-batch is taken or none is. ``abort``
+drops the staged rows.
+
+Exactly once: a retried task restages its partition from scratch; a batch
+id at or before the query's last committed one (Spark replays the last
+batch after a restart when its commit was not recorded) takes nothing; a
+commit finding a partition not staged as its task reported (the engine
+restarted in between) fails with ``STAGE_MISSING`` and Spark writes the
+batch again after a restart.
 """
 
 from __future__ import annotations
@@ -13,83 +23,105 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 
-from sparkcep.errors import SparkcepError
-from sparkcep.spark import connection
-from sparkcep.spark.options import spark_error
+from sparkcep.control.protocol import chunk_bytes, chunks
+from sparkcep.spark.connection import Target, call
+from sparkcep.spark.options import SparkSourceError
 
 
 @dataclass
-class Sent(WriterCommitMessage):
-    """What one task sent: its key, the rows and whether the engine had seen the key already."""
+class Staged(WriterCommitMessage):
+    """What one task staged: its key, its attempt, the rows it counted, the engine run that holds them."""
 
     writer: str
     batch: int
     partition: int
+    attempt: str
     rows: int
-    duplicate: bool
+    engine: str
 
 
-def send_partition(address: str, stream: str, columns: list[str], batches, writer: str, batch: int,
-                   partition: int) -> Sent:
-    """Send one task's Arrow batches as one idempotent request."""
-    batches = [b for b in batches if b.num_rows]
-    if not batches:
-        return Sent(writer, batch, partition, 0, False)
-    table = pa.Table.from_batches(batches).select(columns)
-    try:
-        reply = connection.call(address, lambda c: c.send(stream, table, key=[writer, batch, partition]))
-    except SparkcepError as e:
-        raise spark_error(e) from None
-    return Sent(writer, batch, partition, table.num_rows, bool(reply["duplicate"]))
+def stage_partition(target: Target, stream: str, columns: list[str], batches, writer: str, batch: int,
+                    partition: int, attempt: str) -> Staged:
+    """Stage one task's Arrow batches (the stream's ``columns``) in chunks; runs in an executor Python worker."""
+    rows, engine = 0, ""
+    selected = (b.select(columns) for b in batches)
+    for k, group in enumerate(chunks(selected, chunk_bytes())):
+        reply = call(target, lambda c: c.stage(stream, writer, batch, partition, attempt, k, group))
+        rows += sum(b.num_rows for b in group)
+        engine = reply["engine"]
+        if not reply["duplicate"] and reply["rows"] != rows:
+            raise SparkSourceError(f"writer {writer} batch {batch} partition {partition}: staged {rows} rows, the "
+                                   f"engine holds {reply['rows']}", "STAGE_MISSING")
+    return Staged(writer, batch, partition, attempt, rows, engine)
 
 
-def _settle(address: str, messages, batch: int) -> None:
-    writers = {m.writer for m in messages if isinstance(m, Sent)}
-    try:
-        for w in writers:
-            connection.call(address, lambda c: c.commit_write(w, batch))
-    except SparkcepError as e:
-        raise spark_error(e) from None
+def commit_batch(target: Target, stream: str, messages, batch: int) -> None:
+    """The driver's commit: one engine send of every staged partition of ``batch``."""
+    staged = [m for m in messages if isinstance(m, Staged)]
+    if staged:
+        parts = [(m.partition, m.attempt, m.rows, m.engine) for m in staged]
+        call(target, lambda c: c.commit_stage(stream, staged[0].writer, batch, parts))
+
+
+def abort_batch(target: Target, messages, batch: int, writer: str | None = None) -> None:
+    """The driver's abort: drop what the batch's tasks staged (of ``writer``, else of the writers in ``messages``)."""
+    writers = {writer} if writer else {m.writer for m in messages if isinstance(m, Staged)}
+    for w in writers:
+        call(target, lambda c: c.abort_stage(w, batch))
 
 
 class StreamWriter(DataSourceStreamArrowWriter):
-    """``df.writeStream.format("upmcep")``: each micro-batch into the input stream, once."""
+    """``df.writeStream.format("upmcep")``: each micro-batch into the input stream as one send, once.
 
-    def __init__(self, address: str, stream: str, columns: list[str]):
-        self.address, self.stream, self.columns = address, stream, columns
+    Spark creates one on the driver for every micro-batch, and again for its
+    commit or abort: it holds nothing but its target.
+    """
 
-    def write(self, iterator) -> Sent:
-        """Runs in an executor Python worker, once per task of each micro-batch."""
+    def __init__(self, target: Target, stream: str, columns: list[str]):
+        self.target, self.stream, self.columns = target, stream, columns
+
+    def write(self, iterator) -> Staged:
+        """Runs in an executor Python worker, once per task of each micro-batch: stages the task's rows."""
         from pyspark import TaskContext
 
         tc = TaskContext.get()
-        batch = int(tc.getLocalProperty("streaming.sql.batchId"))
-        writer = tc.getLocalProperty("sql.streaming.queryId")
-        return send_partition(self.address, self.stream, self.columns, iterator, writer, batch, tc.partitionId())
+        return stage_partition(self.target, self.stream, self.columns, iterator,
+                               tc.getLocalProperty("sql.streaming.queryId"),
+                               int(tc.getLocalProperty("streaming.sql.batchId")), tc.partitionId(),
+                               str(tc.taskAttemptId()))
 
     def commit(self, messages, batchId: int) -> None:
         """Runs on the driver when every task of micro-batch ``batchId`` succeeded."""
-        _settle(self.address, messages, batchId)
+        commit_batch(self.target, self.stream, messages, batchId)
 
     def abort(self, messages, batchId: int) -> None:
-        """Keys of the tasks that did send stay recorded: Spark replays the batch with the same rows."""
+        """Runs on the driver when a task or the commit failed: the staged rows go.
+
+        Messages of failed tasks are None; when every task failed the query
+        id is unknown here, and the rows stay staged until the query commits
+        a later batch (or replays this one, which restages every partition).
+        """
+        abort_batch(self.target, messages, batchId)
 
 
 class BatchWriter(DataSourceArrowWriter):
-    """``df.write.format("upmcep").mode("append")``: one job's rows into the input stream, once."""
+    """``df.write.format("upmcep").mode("append")``: one job's rows into the input stream as one send."""
 
-    def __init__(self, address: str, stream: str, columns: list[str]):
-        self.address, self.stream, self.columns = address, stream, columns
-        self.job = f"batch-{uuid.uuid4()}"
+    def __init__(self, target: Target, stream: str, columns: list[str]):
+        self.target, self.stream, self.columns = target, stream, columns
+        self.job = f"batch-{uuid.uuid4().hex}"
 
-    def write(self, iterator) -> Sent:
+    def write(self, iterator) -> Staged:
         from pyspark import TaskContext
 
-        return send_partition(self.address, self.stream, self.columns, iterator, self.job, 0,
-                              TaskContext.get().partitionId())
+        tc = TaskContext.get()
+        return stage_partition(self.target, self.stream, self.columns, iterator, self.job, 0, tc.partitionId(),
+                               str(tc.taskAttemptId()))
 
     def commit(self, messages) -> None:
-        _settle(self.address, messages, 0)
+        commit_batch(self.target, self.stream, messages, 0)
+
+    def abort(self, messages) -> None:
+        abort_batch(self.target, messages, 0, self.job)

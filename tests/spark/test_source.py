@@ -42,13 +42,21 @@ def test_option_errors(spark, engine):
         _load(spark, engine=a, stream="all", maxRecordsPerTrigger="-3")
     with pytest.raises(AnalysisException, match=r"\[UPMCEP_OPTION\] option startingOffsets='middle'"):
         _load(spark, engine=a, stream="all", startingOffsets="middle")
+    # a misspelled option is refused at load() with the closest name (issue 16: it was ignored)
+    with pytest.raises(AnalysisException, match=r"\[UPMCEP_OPTION\] unknown option 'maxrecordspertriger' "
+                                                r"\(did you mean maxRecordsPerTrigger\?\)"):
+        spark.readStream.format("upmcep").option("engine", a).option("stream", "all") \
+            .option("maxRecordsPerTriger", 10).load()
+    # options Spark passes itself are accepted
+    spark.read.format("upmcep").option("engine", a).option("checkpointLocation", "/x").option("queryName", "q") \
+        .load("all")
 
 
 def test_input_stream_is_not_readable_and_output_not_writable(spark, engine, tmp_path):
     engine.deploy(demo_query())
     a = engine.endpoint.address
-    with pytest.raises(Exception, match=r"\[UPMCEP_NOT_READABLE\]"):
-        _load(spark, engine=a, stream="connections").collect()
+    with pytest.raises(AnalysisException, match=r"\[UPMCEP_NOT_READABLE\]"):
+        _load(spark, engine=a, stream="connections")  # at load()
     df = spark.createDataFrame(connections(3).to_pandas())
     with pytest.raises(Exception, match=r"\[UPMCEP_NOT_WRITABLE\]"):
         df.write.format("upmcep").option("engine", a).option("stream", "all").mode("append").save()
