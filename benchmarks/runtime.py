@@ -31,7 +31,7 @@ except ModuleNotFoundError:  # run from a source checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import sparkcep as cep
 
-from sparkcep.runtime.channels import Doorbell, Progress, RingReader, RingWriter, create_ring
+from sparkcep.runtime.channels import Doorbell, Progress, RingConsumer, RingProducer, create_ring
 
 
 def _pin(i):
@@ -39,10 +39,10 @@ def _pin(i):
     os.sched_setaffinity(0, {cpus[i % len(cpus)]})
 
 
-def _ring_reader(path, reader_bell, writer_bell, out):
+def _ring_reader(path, reader_bell, out):
     _pin(1)
-    bell, wbell = Doorbell(reader_bell), Doorbell(writer_bell)
-    r = RingReader(path, wbell, copy=False)
+    bell = Doorbell(reader_bell)
+    r = RingConsumer(path, bell, copy=False)
     rows = 0
     while True:
         m = r.receive()
@@ -72,13 +72,13 @@ def channel(rows: int, batch_rows: int) -> tuple[float, float]:
     ctx = mp.get_context("fork")
     with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as d:
         path = os.path.join(d, "ring")
-        create_ring(path, 16 << 20)
         rb, wb = Doorbell.create(os.path.join(d, "r")), Doorbell.create(os.path.join(d, "w"))
+        create_ring(path, 16 << 20, rb.path)
         out = ctx.Queue()
-        p = ctx.Process(target=_ring_reader, args=(path, rb.path, wb.path, out))
+        p = ctx.Process(target=_ring_reader, args=(path, rb.path, out))
         p.start()
         _pin(0)
-        w = RingWriter(path, Doorbell(rb.path), wb)
+        w = RingProducer(path, wb)
         t0 = time.perf_counter()
         for i in range(n):
             w.send_data(0, (i, i, 0), b)

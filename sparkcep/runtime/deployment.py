@@ -23,7 +23,7 @@ from sparkcep.errors import EngineError, OperatorError, QueryError
 from sparkcep.query.planner import Plan, plan
 from sparkcep.query.query import Query
 from sparkcep.runtime.balancers import Router
-from sparkcep.runtime.channels import Abort, Channel, Data, LocalChannel
+from sparkcep.runtime.channels import Abort, Consumer, Data, LocalChannel
 from sparkcep.runtime.instance import InstanceRunner
 from sparkcep.runtime.layout import ENGINE, Endpoint, Layout
 from sparkcep.runtime.metrics import EpochClock, Histogram, record_latency
@@ -76,7 +76,7 @@ class Sink:
     """
 
     def __init__(self, layout: Layout, logs: dict[str, OutputLog], clock: EpochClock,
-                 channels: dict[Endpoint, Channel]):
+                 channels: dict[Endpoint, Consumer]):
         self.layout, self.logs, self.clock = layout, logs, clock
         self.channels = [(p, channels[p]) for p in layout.producers(ENGINE)]
         self.epochs = {p: 0 for p, _ in self.channels}

@@ -32,7 +32,7 @@ from sparkcep.core import columns
 from sparkcep.core.subquery import SubQueryInstance
 from sparkcep.errors import EngineError
 from sparkcep.runtime.balancers import Router
-from sparkcep.runtime.channels import Abort, Channel, Data
+from sparkcep.runtime.channels import Abort, Consumer, Data
 from sparkcep.runtime.layout import Endpoint, Layout
 from sparkcep.runtime.metrics import Counters, EpochClock, Histogram, record_latency
 
@@ -45,7 +45,7 @@ class InstanceRunner:
     likes; nothing else.
     """
 
-    def __init__(self, layout: Layout, endpoint: Endpoint, bins: int, inputs: dict[Endpoint, Channel],
+    def __init__(self, layout: Layout, endpoint: Endpoint, bins: int, inputs: dict[Endpoint, Consumer],
                  router: Router, clock: EpochClock):
         sq = layout.sq[endpoint[0]]
         self.layout, self.endpoint, self.router, self.clock = layout, endpoint, router, clock

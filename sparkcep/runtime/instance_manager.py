@@ -41,7 +41,7 @@ import pyarrow as pa
 from sparkcep.errors import EngineError, OperatorError
 from sparkcep.query.planner import plan
 from sparkcep.runtime.balancers import Router
-from sparkcep.runtime.channels import Doorbell, RingReader, RingWriter
+from sparkcep.runtime.channels import Doorbell, RingConsumer, RingProducer
 from sparkcep.runtime.instance import InstanceRunner
 from sparkcep.runtime.layout import ENGINE, Endpoint, Layout
 from sparkcep.runtime.metrics import EpochClock
@@ -88,8 +88,8 @@ class Hosted:
 
     spec: DeploySpec
     runners: list[InstanceRunner]
-    readers: list[RingReader]
-    writers: list[RingWriter]
+    readers: list[RingConsumer]
+    writers: list[RingProducer]
     failed: bool = False
 
 
@@ -238,19 +238,15 @@ class InstanceManager:
         layout = Layout(plan(query), spec.parallelism)
         clock = EpochClock()
 
-        def bell_of(ep: Endpoint, engine_bell: str) -> Doorbell:
-            return self._bell(engine_bell if ep == ENGINE else spec.doorbells[spec.assignment[ep]])
-
         runners, readers, writers = [], [], []
         try:
             for ep in layout.instances():
                 if spec.assignment[ep] != self.config.index:
                     continue
                 stateful = layout.sq[ep[0]].head.stateful
-                ins = {p: RingReader(spec.rings[(p, ep)], bell_of(p, spec.engine_send_bell),
-                                     copy=stateful or not spec.zero_copy) for p in layout.producers(ep)}
-                outs = {c: RingWriter(spec.rings[(ep, c)], bell_of(c, spec.engine_sink_bell), self.bell)
-                        for c in layout.consumers(ep)}
+                ins = {p: RingConsumer(spec.rings[(p, ep)], self.bell, copy=stateful or not spec.zero_copy)
+                       for p in layout.producers(ep)}
+                outs = {c: RingProducer(spec.rings[(ep, c)], self.bell) for c in layout.consumers(ep)}
                 readers += ins.values()
                 writers += outs.values()
                 router = Router(layout.routes(ep), outs, spec.bins)

@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from sparkcep.errors import EngineError
 from sparkcep.query.query import Query
 from sparkcep.runtime.balancers import Router
-from sparkcep.runtime.channels import DEFAULT_CAPACITY, Doorbell, RingReader, RingWriter, create_ring, unlink_quietly
+from sparkcep.runtime.channels import (DEFAULT_CAPACITY, Doorbell, RingConsumer, RingProducer, create_ring,
+                                       unlink_quietly)
 from sparkcep.runtime.deployment import Deployment, Sink
 from sparkcep.runtime.instance_manager import DeploySpec, IMConfig, serve
 from sparkcep.runtime.layout import ENGINE, Endpoint
@@ -346,11 +347,11 @@ class WorkerDeployment(Deployment):
         self.runners = []
         self.rings: dict[tuple[Endpoint, Endpoint], str] = {}
         tag = "".join(ch if ch.isalnum() else "_" for ch in self.id)
+        bells = {w.slot.index: w.bell for w in pool.workers}
         for n, (p, c) in enumerate(layout.channels()):
             path = os.path.join(pool.dir, f"{tag}-{n}")
-            create_ring(path, pool.ring_bytes)
+            create_ring(path, pool.ring_bytes, pool.sink_bell.path if c == ENGINE else bells[self.assignment[c]])
             self.rings[(p, c)] = path
-        bells = {w.slot.index: w.bell for w in pool.workers}
         try:
             query = _pickler.dumps(self.query)
         except Exception as e:
@@ -358,12 +359,10 @@ class WorkerDeployment(Deployment):
                               "functions given to apply()/stateful() must be picklable", "PICKLE") from None
         spec = DeploySpec(self.id, query, self.parallelism, self.bins, self.assignment, self.rings,
                           bells, pool.send_bell.path, pool.sink_bell.path)
-        by_path: dict[str, Doorbell] = {}
-        im_bell = {ep: by_path.setdefault(bells[im], Doorbell(bells[im])) for ep, im in self.assignment.items()}
-        self._source_channels = {c: RingWriter(self.rings[(ENGINE, c)], im_bell[c], pool.send_bell,
-                                               batches_stay=True) for c in layout.consumers(ENGINE)}
+        self._source_channels = {c: RingProducer(self.rings[(ENGINE, c)], pool.send_bell, batches_stay=True)
+                                 for c in layout.consumers(ENGINE)}
         self.source_router = Router(layout.routes(ENGINE), self._source_channels, self.bins)
-        sinks = {p: RingReader(self.rings[(p, ENGINE)], im_bell[p], copy=True) for p in layout.producers(ENGINE)}
+        sinks = {p: RingConsumer(self.rings[(p, ENGINE)], pool.sink_bell, copy=True) for p in layout.producers(ENGINE)}
         self.sink = Sink(layout, self.logs, self.clock, sinks)
         self.hosts = sorted(set(self.assignment.values()))
         try:

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from sparkcep.errors import EngineError
-from sparkcep.runtime.channels import (Data, Doorbell, LocalChannel, Progress, RingReader, RingWriter,
+from sparkcep.runtime.channels import (Data, Doorbell, LocalChannel, Progress, RingConsumer, RingProducer,
                                        create_ring)
 
 
@@ -57,7 +57,7 @@ def drain(reader):
 @pytest.mark.parametrize("copy", [True, False])
 def test_messages_arrive_in_order_and_equal_through_wraps(shm, copy):
     path = shm("order", 1 << 14)
-    w, r = RingWriter(path, None), RingReader(path, None, copy=copy)
+    w, r = RingProducer(path), RingConsumer(path, copy=copy)
     rng = random.Random(1)
     sent, got = [], []
     for i in range(300):
@@ -93,7 +93,7 @@ def test_messages_arrive_in_order_and_equal_through_wraps(shm, copy):
 
 def test_a_batch_larger_than_the_ring_arrives_in_pieces(shm):
     path = shm("big", 1 << 14)
-    w, r = RingWriter(path, None), RingReader(path, None)
+    w, r = RingProducer(path), RingConsumer(path)
     b = batch(random.Random(2), 5000)
     assert b.nbytes > (1 << 14)
     w.send_data(0, (1, 1, 1), b)
@@ -109,7 +109,7 @@ def test_a_batch_larger_than_the_ring_arrives_in_pieces(shm):
 @pytest.mark.parametrize("copy", [True, False])
 def test_a_single_row_larger_than_the_ring_travels_in_fragments(shm, copy):
     path = shm(f"huge-{copy}", 1 << 12)
-    w, r = RingWriter(path, None), RingReader(path, None, copy=copy)
+    w, r = RingProducer(path), RingConsumer(path, copy=copy)
     rows = pa.record_batch({"s": ["x" * 5000, "y" * 9000], "v": [1, 2]})
     w.send_data(0, (1, 1, 1), rows)
     w.send_progress(1, 1, 0, 0)
@@ -122,7 +122,7 @@ def test_a_single_row_larger_than_the_ring_travels_in_fragments(shm, copy):
 
 def test_an_abort_drops_the_epochs_backlog_and_reaches_the_reader_after_what_it_took(shm):
     path = shm("abort", 1 << 13)
-    w, r = RingWriter(path, None), RingReader(path, None)
+    w, r = RingProducer(path), RingConsumer(path)
     b = pa.record_batch({"v": np.arange(200)})
     for i in range(30):
         w.send_data(0, (7, 7, 0), b)
@@ -143,7 +143,7 @@ def test_an_abort_drops_the_epochs_backlog_and_reaches_the_reader_after_what_it_
 
 def test_data_never_takes_the_control_reserve(shm):
     path = shm("reserve", 1 << 13)
-    w, r = RingWriter(path, None), RingReader(path, None)
+    w, r = RingProducer(path), RingConsumer(path)
     b = pa.record_batch({"v": np.arange(100)})
     while not w.backlog:  # the ring is full for data
         w.send_data(0, (1, 1, 0), b)
@@ -157,7 +157,7 @@ def test_data_never_takes_the_control_reserve(shm):
 
 def test_a_full_ring_keeps_the_rest_in_the_backlog_and_loses_nothing(shm):
     path = shm("full", 1 << 13)
-    w, r = RingWriter(path, None), RingReader(path, None)
+    w, r = RingProducer(path), RingConsumer(path)
     b = pa.record_batch({"v": np.arange(200)})
     for i in range(50):
         w.send_data(0, (i, i, 0), b)
@@ -175,7 +175,7 @@ def test_a_waiting_batch_is_copied_unless_its_owner_keeps_it(shm, batches_stay):
     """A batch that may point into an input ring is copied when it must wait; the engine's sources,
     whose batches outlive the wait, let it wait as it is. Either way it arrives equal."""
     path = shm(f"stay{batches_stay}", 1 << 16)
-    w, r = RingWriter(path, None, batches_stay=batches_stay), RingReader(path, None)
+    w, r = RingProducer(path, None, batches_stay=batches_stay), RingConsumer(path)
     b = pa.record_batch({"v": np.arange(300)})
     sent = 0
     while not w.backlog:
@@ -203,8 +203,7 @@ def test_local_channel_same_interface():
 
 
 def _slow_reader(path, bell_path, delay, out):
-    bell = Doorbell(bell_path)
-    r = RingReader(path, bell)
+    r = RingConsumer(path)
     rows, epochs = 0, []
     while True:
         m = r.receive()
@@ -230,7 +229,7 @@ def test_a_slow_reader_process_slows_the_writer_and_nothing_is_lost(shm, tmp_pat
     p = ctx.Process(target=_slow_reader, args=(path, bell.path, 0.01, out), daemon=True)
     p.start()
     try:
-        w = RingWriter(path, None, bell)
+        w = RingProducer(path, bell)
         b = pa.record_batch({"v": np.arange(256)})  # ~2 KiB: the ring holds about 7
         t0 = time.monotonic()
         for i in range(60):

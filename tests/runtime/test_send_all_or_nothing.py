@@ -4,6 +4,7 @@ Each test compares the outputs with a run that never had the failed batch,
 and checks that sequence numbers went only to what was taken.
 """
 
+import functools
 import os
 import time
 
@@ -30,9 +31,8 @@ def picky(batch):
     return batch
 
 
-def slow_once(batch):
-    """Stalls its instance manager for 3 s the first time it sees v == 5000 (a flag file says it did)."""
-    flag = os.environ["SPARKCEP_TEST_FLAG"]
+def slow_once(flag, batch):
+    """Stalls its instance manager for 3 s the first time it sees v == 5000 (the file ``flag`` says it did)."""
     if 5000 in batch.column("v").to_pylist() and not os.path.exists(flag):
         open(flag, "w").close()
         time.sleep(3)
@@ -99,11 +99,10 @@ def test_a_row_larger_than_a_ring_arrives_whole_and_takes_its_own_sequence_numbe
 
 
 def test_a_send_that_times_out_on_back_pressure_leaves_no_trace_and_can_be_sent_again(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPARKCEP_TEST_FLAG", str(tmp_path / "stalled"))
     monkeypatch.setattr(workers_module, "SEND_TIMEOUT_S", 0.5)
     first, stalled = events(5000), events(20_000, 5000)
     with cep.Engine.local(workers=1, ring_bytes=1 << 16) as engine:
-        engine.deploy(query("slow", slow_once))
+        engine.deploy(query("slow", functools.partial(slow_once, str(tmp_path / "stalled"))))
         engine.send("in", first)
         with pytest.raises(cep.EngineError) as e:
             engine.send("in", stalled)  # its instance stalls for 3 s: the rings fill, the send gives up
