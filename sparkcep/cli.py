@@ -1,7 +1,8 @@
 """The ``sparkcep`` command line: one sub-command per module.
 
 Each module in COMMANDS provides ``add_arguments(parser)`` and
-``run(args) -> int``; it is imported only when its sub-command runs.
+``run(args) -> int``; only the module of the sub-command that runs is
+imported (``sparkcep worker`` starts without the benchmark's dependencies).
 """
 
 from __future__ import annotations
@@ -11,25 +12,23 @@ import importlib
 import sys
 
 COMMANDS = {
+    "worker": ("sparkcep.runtime.instance_manager", "run an instance manager: a service engines deploy instances to"),
     "status": ("sparkcep.control.status", "show a running local engine: queries, instance managers, metrics"),
     "bench": ("sparkcep.bench.cli", "run a HiBench streaming workload, optionally beside Spark"),
 }
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="sparkcep", description="UPM-CEP streaming engine")
     sub = parser.add_subparsers(dest="command", required=True)
-    modules = {}
+    chosen = next((a for a in argv if not a.startswith("-")), None)
     for name, (module, help_text) in COMMANDS.items():
-        try:
-            modules[name] = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name != module:
-                raise
-            continue
-        modules[name].add_arguments(sub.add_parser(name, help=help_text, description=help_text))
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:
+            importlib.import_module(module).add_arguments(p)
     args = parser.parse_args(argv)
-    return int(modules[args.command].run(args) or 0)
+    return int(importlib.import_module(COMMANDS[args.command][0]).run(args) or 0)
 
 
 if __name__ == "__main__":

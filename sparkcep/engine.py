@@ -1,8 +1,10 @@
 """The engine: deploy queries, send tuples in, read results out.
 
 ``Engine.local(workers=0)`` runs everything in the calling process;
-``Engine.local(workers=N)`` starts N instance-manager processes, each pinned
-to a core, and runs the sub-query instances there (UPM-CEP §4). Either way
+``Engine.local(workers=N)`` starts N instance managers (``sparkcep worker``
+processes, each pinned to a core) and runs the sub-query instances there
+(UPM-CEP §4); ``Engine.local(instance_managers=["host:port", ...], token=...)``
+uses instance managers already serving, on this host or others. Either way
 the engine process hosts the sources (sequence numbers, event times and
 watermarks are stamped here, in :meth:`Engine.send`) and the output logs.
 """
@@ -13,9 +15,9 @@ import itertools
 import threading
 import uuid
 
-import numpy as np
 import pyarrow as pa
 
+from sparkcep import auth
 from sparkcep.core import columns
 from sparkcep.core.ingest import check_event_times, to_batch
 from sparkcep.core.operators import WM_NONE
@@ -29,17 +31,20 @@ from sparkcep.runtime.output_log import OutputLog
 class Engine:
     """A running engine. Use :meth:`local` to start one.
 
-    With workers, results arrive asynchronously: :meth:`collect` waits until
-    the outputs reflect everything sent so far; :meth:`subscribe` callbacks
-    run on the engine's collector thread.
+    With instance managers, results arrive asynchronously: :meth:`collect`
+    waits until the outputs reflect everything sent so far; :meth:`subscribe`
+    callbacks run on the engine's collector thread.
     """
 
-    def __init__(self, workers: int = 0, topology=None, start_method: str | None = None,
+    def __init__(self, workers: int = 0, instance_managers=(), token: str | None = None, topology=None,
                  ring_bytes: int | None = None):
         if not isinstance(workers, int) or isinstance(workers, bool) or workers < 0:
             raise EngineError(f"workers must be an int >= 0, got {workers!r}", "WORKERS")
+        if isinstance(instance_managers, str):
+            instance_managers = [instance_managers]
         self.workers = workers
         self.run_id = uuid.uuid4().hex  # names this engine run: offsets and checkpoints of another run are refused
+        self.token = token or auth.generate()  # every connection to this engine and its instance managers carries it
         self._deployment_ids = itertools.count(1)
         self.deployments: dict[str, Deployment] = {}
         self.streams: dict[str, list[Deployment]] = {}
@@ -50,29 +55,58 @@ class Engine:
         self._closed = False
         self._lock = threading.RLock()
         self._metric_server = MetricServer()
-        self.pool = None
+        self._topology, self._ring_bytes = topology, ring_bytes
+        self.cluster = None
         self.endpoint = None  # the loopback endpoint, started by local()
-        if workers:
-            from sparkcep.runtime.workers import WorkerPool
-            kw = {} if ring_bytes is None else {"ring_bytes": ring_bytes}
-            self.pool = WorkerPool(workers, topology=topology, method=start_method, **kw)
+        if workers or instance_managers:
+            self._cluster().adopt_all(instance_managers)
+            if workers:
+                self.cluster.spawn(workers)
 
     @classmethod
-    def local(cls, workers: int = 0, topology=None, start_method: str | None = None,
+    def local(cls, workers: int = 0, instance_managers=(), token: str | None = None, topology=None,
               ring_bytes: int | None = None) -> "Engine":
         """An engine on this machine.
 
         ``workers=0`` runs every instance in this process; ``workers=N`` starts
         N instance managers pinned to cores of ``topology`` (default: this
-        machine's NUMA nodes; a JSON file or sysfs-like directory also works).
-        ``start_method``: ``fork`` / ``forkserver`` / ``spawn`` (default: fork
-        unless other threads run); ``ring_bytes``: capacity of each channel (default 16 MiB).
+        machine's NUMA nodes; a JSON file or sysfs-like directory also works);
+        ``instance_managers``: addresses (``host:port``) of instance managers
+        already serving (``sparkcep worker``), which must hold ``token`` (by
+        default a fresh one is generated). Queries are deployed on the
+        instance managers when there are any. ``ring_bytes``: capacity of each
+        shared-memory channel (default 16 MiB).
         """
-        engine = cls(workers, topology=topology, start_method=start_method, ring_bytes=ring_bytes)
+        engine = cls(workers, instance_managers, token=token, topology=topology, ring_bytes=ring_bytes)
         # other local processes (Spark's Python workers, the CLI) reach it over loopback
         from sparkcep.control.endpoint import start_endpoint
-        engine.endpoint = start_endpoint(engine)
+        try:
+            engine.endpoint = start_endpoint(engine)
+        except BaseException:
+            engine.close()
+            raise
         return engine
+
+    def _cluster(self):
+        """The instance managers (created on first use)."""
+        if self.cluster is None:
+            from sparkcep.runtime.cluster import Cluster
+            kw = {} if self._ring_bytes is None else {"ring_bytes": self._ring_bytes}
+            self.cluster = Cluster(self.token, topology=self._topology, **kw)
+        return self.cluster
+
+    def add_instance_manager(self, address: str) -> dict:
+        """Use the instance manager serving at ``address`` for the queries deployed from now on
+        (the Spark executor launcher registers its instance managers so)."""
+        with self._lock:
+            self._check_open()
+            im = self._cluster().adopt(address)
+        return next(d for d in self.cluster.describe() if d["name"] == im.name)
+
+    def instance_managers(self) -> list[dict]:
+        """Every instance manager of this engine: ``name``, ``address``, ``pid``, ``host``, ``cpu``,
+        ``node``, ``alive`` and the ``instances`` it hosts (``query.SQn[i]``)."""
+        return [] if self.cluster is None else self.cluster.describe()
 
     def __enter__(self) -> "Engine":
         return self
@@ -86,8 +120,8 @@ class Engine:
         self._closed = True
         if self.endpoint is not None:
             self.endpoint.close()
-        if self.pool is not None:
-            self.pool.close()
+        if self.cluster is not None:
+            self.cluster.close()
 
     # --- queries -----------------------------------------------------------------
     def deploy(self, query: Query, parallelism=1, bins: int = 128, retain: bool = True) -> Deployment:
@@ -114,13 +148,13 @@ class Engine:
                 raise QueryError(f"stream {name!r} is an output of another query")
         with self._lock:
             dep_id = f"{query.name}#{next(self._deployment_ids)}"
-            if self.pool is None:
-                dep = Deployment(dep_id, query, parallelism, bins)
+            if self.cluster is None:
+                dep = Deployment(dep_id, query, parallelism, bins, retain)
             else:
-                from sparkcep.runtime.workers import WorkerDeployment
-                dep = WorkerDeployment(self.pool, dep_id, query, parallelism, bins)
-            for out, op in query.outputs.items():
-                self.outputs[out] = dep.logs[out] = OutputLog(op.schema.to_arrow(), out, retain, deployment=dep_id)
+                from sparkcep.runtime.cluster import RemoteDeployment
+                dep = RemoteDeployment(self.cluster, dep_id, query, parallelism, bins, retain)
+            for out in query.outputs:
+                self.outputs[out] = dep.logs[out]
                 self._producer[out] = dep
             for name in query.sources:
                 self.streams.setdefault(name, []).append(dep)
@@ -175,20 +209,12 @@ class Engine:
         n = batch.num_rows
         for dep in deps:
             dep.check()
-        seq = np.arange(self._seq, self._seq + n, dtype=np.int64)
-        if time_field is not None:
-            ts = batch.column(time_field).cast(pa.int64()).to_numpy()
-        else:
-            ts = np.zeros(n, np.int64)
         pushed = []
         try:
             for dep in deps:
-                before = dep.sources[stream].max_ts
-                stamped = batch.append_column(columns.SEQ, pa.array(seq)) \
-                    .append_column(columns.TS, pa.array(ts)) \
-                    .append_column(columns.WM, pa.array(np.full(n, before, np.int64)))
+                stamped = columns.stamp(batch, self._seq, time_field, dep.sources[stream].max_ts)
                 pushed.append(dep)
-                dep.push(stream, stamped, int(ts.max()))
+                dep.push(stream, stamped)
             for dep in deps:
                 dep.flush()
         except BaseException:
@@ -249,12 +275,12 @@ class Engine:
         with self._lock:
             deps = dict(self.deployments)
         snaps = {}
-        if self.pool is not None:
-            snaps = self.pool.snapshots()
+        if self.cluster is not None:
+            snaps = self.cluster.snapshots()
         counters: dict = {}
         queries, late, late_streams = {}, {}, {}
         for q, dep in deps.items():
-            if self.pool is None:
+            if self.cluster is None:
                 inst = dep.instance_metrics()
             else:
                 inst = {ep: m for s in snaps.values() for ep, m in s["deployments"].get(dep.id, {}).items()}
@@ -262,7 +288,7 @@ class Engine:
             for stream, ops in by_stream.items():
                 late_streams.setdefault(stream, {}).update({f"{q}.{op}": n for op, n in ops.items()})
             queries[q] = deployment_metrics(dep, inst, counters)
-        ims = self.pool.im_metrics(snaps, counters) if self.pool is not None else {}
+        ims = self.cluster.im_metrics(snaps, counters) if self.cluster is not None else {}
         rates = self._metric_server.sample(counters)
         add_rates(queries, rates)
         for i, m in ims.items():

@@ -27,7 +27,8 @@ import uuid
 import pyarrow as pa
 
 from sparkcep import errors
-from sparkcep.control import auth, discovery
+from sparkcep import auth
+from sparkcep.control import discovery
 from sparkcep.control.discovery import EngineNotFoundError
 from sparkcep.control.protocol import ProtocolError, chunk_bytes, chunks, from_ipc, recv_frame, send_frame, to_ipc
 

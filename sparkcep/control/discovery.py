@@ -21,7 +21,7 @@ import os
 import time
 from pathlib import Path
 
-from sparkcep.control import auth
+from sparkcep import auth
 from sparkcep.errors import EngineError
 
 

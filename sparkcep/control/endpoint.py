@@ -1,7 +1,7 @@
 """The loopback endpoint: an engine served to other processes of this machine, to its owner only.
 
 Started by :meth:`sparkcep.Engine.local`, listening on ``127.0.0.1`` at an
-ephemeral port. It generates a token (:mod:`sparkcep.control.auth`), writes
+ephemeral port. It generates a token (:mod:`sparkcep.auth`), writes
 it to ``$SPARKCEP_HOME/engine-HOST-PORT.token`` (mode 0600) and publishes
 its address in ``local.json`` (see :mod:`sparkcep.control.discovery`).
 Spark's Python workers, the JVM plugin's instance-manager launcher and
@@ -60,7 +60,8 @@ import traceback
 import numpy as np
 import pyarrow as pa
 
-from sparkcep.control import auth, discovery
+from sparkcep import auth
+from sparkcep.control import discovery
 from sparkcep.control.protocol import ProtocolError, from_ipc, read_head, read_payload, send_frame, to_ipc
 from sparkcep.control.staging import Staging
 from sparkcep.errors import EngineError, InputError, SparkcepError, UnknownStreamError

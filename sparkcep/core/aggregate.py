@@ -15,7 +15,7 @@ import pyarrow as pa
 from numba import njit
 
 from sparkcep.core import columns
-from sparkcep.core.hashing import gather_binned, hash_words
+from sparkcep.core.hashing import bin_ids, gather_binned, hash_words
 from sparkcep.core.strings import compare_bytes
 from sparkcep.core.table import (ACC, ARENA_USED, AUX, COUNTER, WSTART, BinnedTable, find_slot, key_bytes,
                                   lookup, place, room, slot_hash, touch)
@@ -446,7 +446,7 @@ class WindowAggregate:
         else:
             koff, kdata = np.zeros(batch.num_rows + 1, np.int64), np.zeros(1, np.uint8)
         h, w0, w1 = hash_words(koff, kdata)
-        return h, w0, w1, koff, kdata, (h & np.uint64(self.bins - 1)).astype(np.int64)
+        return h, w0, w1, koff, kdata, bin_ids(h, self.bins)
 
     def add(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
         """Add a batch sorted by sequence number; returns the tuple windows it filled."""

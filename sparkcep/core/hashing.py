@@ -96,13 +96,17 @@ def hash_rows(offsets, data) -> np.ndarray:
     return hash_words(offsets, data)[0]
 
 
-@njit(nogil=True, cache=True)
-def bins_of(hashes, mask):
-    """Bin (route-key bucket) of each hash: the low bits, ``mask`` = bins - 1."""
-    out = np.empty(len(hashes), np.int64)
-    for i in range(len(hashes)):
-        out[i] = np.int64(hashes[i] & np.uint64(mask))
-    return out
+def bin_ids(hashes: np.ndarray, bins: int) -> np.ndarray:
+    """The bin of each key hash (``bins``: a power of two): the one key -> bin function of the engine.
+
+    Routers, stateful operators and migration all place a key by it.
+    """
+    return (hashes & np.uint64(bins - 1)).astype(np.int64)
+
+
+def key_bins(offsets, data, bins: int) -> np.ndarray:
+    """The bin of each encoded key (see :func:`sparkcep.core.columns.encode_keys`)."""
+    return bin_ids(hash_rows(offsets, data), bins)
 
 
 @njit(nogil=True, cache=True)

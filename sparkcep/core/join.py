@@ -11,7 +11,7 @@ from numba import njit
 
 from sparkcep.core import columns
 from sparkcep.core.evaluate import evaluate
-from sparkcep.core.hashing import hash_rows
+from sparkcep.core.hashing import hash_rows, key_bins
 from sparkcep.query.operators import Join
 from sparkcep.schema import Schema
 
@@ -77,7 +77,7 @@ class WindowJoin:
         self.left_keys = [lk for lk, _ in op.on]
         self.right_keys = [rk for _, rk in op.on]
         self.schemas: tuple[Schema, Schema] = (op.inputs[0].schema, op.inputs[1].schema)
-        self.bin_mask = bins - 1
+        self.bins = bins
         self.buffers: list[list[pa.RecordBatch]] = [[], []]
         self.next_start: int | None = None  # smallest window start that may hold buffered rows
         self.fired = -(2 ** 63)  # every window starting before this has fired: never fire it again
@@ -93,8 +93,7 @@ class WindowJoin:
             return
         keys = self.left_keys if port == 0 else self.right_keys
         if keys:
-            h = hash_rows(*columns.encode_keys(batch, keys))
-            b = (h & np.uint64(self.bin_mask)).astype(np.int64)
+            b = key_bins(*columns.encode_keys(batch, keys), self.bins)
         else:
             b = np.zeros(batch.num_rows, np.int64)
         w = self.window

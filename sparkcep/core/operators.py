@@ -9,6 +9,7 @@ their results never depend on arrival order.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import Iterable
 
 import numpy as np
@@ -17,7 +18,7 @@ import pyarrow as pa
 from sparkcep.core import columns
 from sparkcep.core.aggregate import WindowAggregate
 from sparkcep.core.evaluate import evaluate, to_arrow
-from sparkcep.core.hashing import hash_rows
+from sparkcep.core.hashing import key_bins
 from sparkcep.core.join import WindowJoin
 from sparkcep.core.running import RunningAggregate
 from sparkcep.errors import QueryError
@@ -138,12 +139,52 @@ class StatefulOp(PhysicalOperator):
         return []
 
     def extract(self, bin: int):
-        """Remove and return the state of ``bin`` (for migration and replica catch-up)."""
+        """Remove and return the operator state of ``bin`` (see :meth:`take_bin`)."""
         raise NotImplementedError
 
     def install(self, bin: int, state) -> None:
-        """Take over the state of ``bin`` extracted from another instance."""
+        """Take over the operator state of ``bin`` extracted from another instance."""
         raise NotImplementedError
+
+    def take_bin(self, bin: int) -> "BinState":
+        """Remove and return everything of ``bin``: its state and its tuples not consumed yet.
+
+        What migration and replica catch-up move (DESIGN §5); :meth:`put_bin`
+        installs it in another instance of the same operator.
+        """
+        pending = []
+        for port, batches in enumerate(self.pending):
+            if not batches:
+                pending.append(None)
+                continue
+            batch = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+            mine = self._bins(port, batch) == bin
+            pending.append(batch.filter(pa.array(mine)) if mine.any() else None)
+            self.pending[port] = [batch.filter(pa.array(~mine))] if not mine.all() else []
+        return BinState(self.extract(bin), pending)
+
+    def put_bin(self, bin: int, moved: "BinState") -> None:
+        """Install a bin taken from another instance by :meth:`take_bin`."""
+        self.install(bin, moved.state)
+        for port, batch in enumerate(moved.pending):
+            if batch is not None and batch.num_rows:
+                self.pending[port].append(batch)
+
+    def _bins(self, port: int, batch: pa.RecordBatch) -> np.ndarray:
+        """The bin of each row of ``batch`` arriving on ``port`` (by the keys this operator routes on)."""
+        op = self.op
+        keys = [pair[port] for pair in op.on] if isinstance(op, logical.Join) else list(op.by)
+        if not keys:
+            return np.zeros(batch.num_rows, np.int64)
+        return key_bins(*columns.encode_keys(batch, keys), self.bins)
+
+
+@dataclass
+class BinState:
+    """A bin on the move: the operator's state of it and, per input port, its tuples not consumed yet."""
+
+    state: object
+    pending: list[pa.RecordBatch | None] = field(default_factory=list)
 
 
 class AggregateOp(StatefulOp):
@@ -228,8 +269,7 @@ class CustomOp(StatefulOp):
 
     def consume(self, port, batch):
         if self.op.by:
-            h = hash_rows(*columns.encode_keys(batch, self.op.by))
-            b = (h & np.uint64(self.bins - 1)).astype(np.int64)
+            b = key_bins(*columns.encode_keys(batch, self.op.by), self.bins)
         else:
             b = np.zeros(batch.num_rows, np.int64)
         self._seq = max(self._seq, int(batch.column(columns.SEQ).to_numpy().max()))

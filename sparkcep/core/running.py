@@ -18,7 +18,7 @@ from numba import njit
 
 from sparkcep.core import columns
 from sparkcep.core.aggregate import COUNT_ALL, GROUP, Program, _apply
-from sparkcep.core.hashing import hash_words
+from sparkcep.core.hashing import bin_ids, hash_words
 from sparkcep.core.table import ACC, AUX, BinnedTable, find_slot, key_bytes, lookup, place, room, slot_hash, touch
 from sparkcep.query.aggregates import AggFunc
 from sparkcep.schema import Schema
@@ -188,7 +188,7 @@ class RunningAggregate:
         else:
             koff, kdata = np.zeros(batch.num_rows + 1, np.int64), np.zeros(1, np.uint8)
         h, w0, w1 = hash_words(koff, kdata)
-        return h, w0, w1, koff, kdata, (h & np.uint64(self.bins - 1)).astype(np.int64)
+        return h, w0, w1, koff, kdata, bin_ids(h, self.bins)
 
     def add(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
         """Aggregate a batch; returns one row per group it held, with the group's values so far."""

@@ -11,25 +11,28 @@
 
 from __future__ import annotations
 
-import numpy as np
+from abc import ABC, abstractmethod
+
 import pyarrow as pa
 
 from sparkcep.core import columns
-from sparkcep.core.hashing import hash_rows
+from sparkcep.core.hashing import key_bins
 from sparkcep.core.table import group_rows
 from sparkcep.query.planner import BROADCAST, POINT_TO_POINT, ROUND_ROBIN, ROUTE_KEY, Edge
+from sparkcep.runtime.bins import BinTable
+from sparkcep.runtime.channels import Configure, Control, Producer
 
 SLICE_ROWS = 16_384  # round-robin cuts batches into slices of at most this many rows
 MIN_SLICE_ROWS = 2_048  # and of at least this many: smaller ones cost more per row than they save
 
 
-class Balancer:
+class Balancer(ABC):
     def __init__(self, instances: int):
         self.instances = instances
 
+    @abstractmethod
     def split(self, batch: pa.RecordBatch) -> list[tuple[int, pa.RecordBatch]]:
         """(target instance, rows) pairs covering the batch."""
-        raise NotImplementedError
 
 
 class PointToPoint(Balancer):
@@ -58,20 +61,15 @@ class Broadcast(Balancer):
 
 
 class RouteKey(Balancer):
-    """Routes by ``bin = hash(key fields) & (bins - 1)`` and ``instance = table[bin]``."""
+    """Routes each row to the owner of its key's bin in ``table`` (shared with the router's other
+    edges into the same operator, and changed by Configure records)."""
 
-    def __init__(self, instances: int, keys: list[str], bins: int):
-        super().__init__(instances)
-        self.keys, self.bins = keys, bins
-        # contiguous bin ranges per instance, as Megaphone starts out
-        self.table = (np.arange(bins) * instances // bins).astype(np.int64)
-
-    def bins_of(self, batch: pa.RecordBatch) -> np.ndarray:
-        h = hash_rows(*columns.encode_keys(batch, self.keys))
-        return (h & np.uint64(self.bins - 1)).astype(np.int64)
+    def __init__(self, keys: list[str], table: BinTable):
+        super().__init__(table.instances)
+        self.keys, self.table = keys, table
 
     def split(self, batch):
-        target = self.table[self.bins_of(batch)]
+        target = self.table.instances_of(key_bins(*columns.encode_keys(batch, self.keys), self.table.bins))
         if (target == target[0]).all():
             return [(int(target[0]), batch)]
         order, bounds = group_rows(target, self.instances)
@@ -79,14 +77,14 @@ class RouteKey(Balancer):
                 for i in range(self.instances) if bounds[i + 1] > bounds[i]]
 
 
-def balancer_for(edge: Edge, instances: int, bins: int) -> Balancer:
+def balancer_for(edge: Edge, instances: int, tables: dict[str, BinTable]) -> Balancer:
     """The balancer of ``edge`` into a sub-query running ``instances`` instances."""
     if edge.balancer == BROADCAST:
         return Broadcast(instances)
     if instances == 1 or edge.balancer == POINT_TO_POINT:
         return PointToPoint(instances)
     if edge.balancer == ROUTE_KEY:
-        return RouteKey(instances, edge.keys, bins)
+        return RouteKey(edge.keys, tables[edge.dst.name])
     assert edge.balancer == ROUND_ROBIN, edge.balancer
     return RoundRobin(instances)
 
@@ -96,14 +94,16 @@ class Router:
 
     One per producer (a sub-query instance, or the engine for the sources).
     ``routes`` is :meth:`sparkcep.runtime.layout.Layout.routes` of the
-    producer; ``channels`` maps each consumer endpoint to its channel. Each
-    edge gets its own balancer here (round-robin position, bin table).
+    producer; ``channels`` maps each consumer endpoint to its producer end;
+    ``tables``: this producer's copy of the bin table of every route-key
+    operator (see :func:`bin_tables`). Each edge gets its own balancer here.
     """
 
-    def __init__(self, routes: dict, channels: dict, bins: int):
+    def __init__(self, routes: dict, channels: dict[tuple, Producer], tables: dict[str, BinTable]):
+        self.tables = tables
         self.routes: dict[str, list] = {}
         for name, rs in routes.items():
-            self.routes[name] = [(port, None if edge is None else balancer_for(edge, len(targets), bins),
+            self.routes[name] = [(port, None if edge is None else balancer_for(edge, len(targets), tables),
                                   [channels[t] for t in targets]) for port, edge, targets in rs]
         self.channels = list({id(c): c for c in channels.values()}.values())
 
@@ -128,6 +128,13 @@ class Router:
         for c in self.channels:
             c.abort(epoch)
 
+    def control(self, record: Control) -> None:
+        """Apply a control record to this router (a Configure of one of its tables), then pass it on."""
+        if isinstance(record, Configure) and record.operator in self.tables:
+            self.tables[record.operator].set(record.owners)
+        for c in self.channels:
+            c.send_control(record)
+
     def flush(self) -> bool:
         done = True
         for c in self.channels:
@@ -137,3 +144,14 @@ class Router:
     @property
     def backlog_bytes(self) -> int:
         return sum(c.backlog_bytes for c in self.channels)
+
+
+def bin_tables(layout, bins: int, owners: dict[str, list[int]] | None = None) -> dict[str, BinTable]:
+    """A fresh copy of the bin table of every route-key operator of ``layout`` (``owners``: their current
+    owners; default: contiguous ranges)."""
+    out = {}
+    for e in layout.edges:
+        if e.balancer == ROUTE_KEY and e.dst.name not in out:
+            n = layout.parallelism[layout.sq_of(e.dst).name]
+            out[e.dst.name] = BinTable(e.dst.name, bins, n, (owners or {}).get(e.dst.name))
+    return out

@@ -1,13 +1,14 @@
-"""A deployed query as the engine sees it: plan, instances, sources, outputs, progress.
+"""A deployed query as the engine sees it: plan, instances, sources, outputs, progress, bin tables.
 
 :class:`Deployment` runs every instance in the calling process
 (``Engine.local(workers=0)``): channels are in-process queues and each
 engine call runs the instances until nothing is left to do, so results are
-there when ``send`` returns. :class:`~sparkcep.runtime.workers.WorkerDeployment`
-runs the same instances (:class:`~sparkcep.runtime.instance.InstanceRunner`)
-inside instance-manager processes over shared-memory channels; the source
-side (stamping epochs, routing source batches, watermarks per source) and
-the output side (:class:`Sink`) are this module's, for both.
+there when ``send`` returns. :class:`~sparkcep.runtime.cluster.RemoteDeployment`
+runs the same instances (:class:`~sparkcep.runtime.instance.InstanceRunner`,
+wired by :mod:`sparkcep.runtime.wiring`) on instance managers; the source
+side (stamping epochs, routing source batches, watermarks per source), the
+bin tables and the output side (:class:`~sparkcep.runtime.sink.Sink`) are
+this module's, for both.
 """
 
 from __future__ import annotations
@@ -16,18 +17,20 @@ import time
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (pa.compute)
 
 from sparkcep.core import columns
 from sparkcep.core.operators import WM_END, WM_NONE
 from sparkcep.errors import EngineError, OperatorError, QueryError
 from sparkcep.query.planner import Plan, plan
 from sparkcep.query.query import Query
-from sparkcep.runtime.balancers import Router
-from sparkcep.runtime.channels import Abort, Consumer, Data, LocalChannel
-from sparkcep.runtime.instance import InstanceRunner
+from sparkcep.runtime.balancers import bin_tables
+from sparkcep.runtime.channels import Configure, LocalChannel
 from sparkcep.runtime.layout import ENGINE, Endpoint, Layout
-from sparkcep.runtime.metrics import EpochClock, Histogram, record_latency
+from sparkcep.runtime.metrics import EpochClock
 from sparkcep.runtime.output_log import OutputLog
+from sparkcep.runtime.sink import Sink
+from sparkcep.runtime.wiring import host_runners, source_router
 
 
 @dataclass
@@ -66,65 +69,6 @@ def parallelism_of(p: Plan, parallelism) -> dict[str, int]:
     return out
 
 
-class Sink:
-    """The engine's end of a deployment's outputs: fills the output logs, knows which epochs are out.
-
-    Rows are staged per epoch and reach the logs (and subscribers) only once
-    every producer has closed that epoch, in epoch order: an epoch that
-    failed half-way, or was aborted, never shows. Partition of an output log
-    = index of the producing instance.
-    """
-
-    def __init__(self, layout: Layout, logs: dict[str, OutputLog], clock: EpochClock,
-                 channels: dict[Endpoint, Consumer]):
-        self.layout, self.logs, self.clock = layout, logs, clock
-        self.channels = [(p, channels[p]) for p in layout.producers(ENGINE)]
-        self.epochs = {p: 0 for p, _ in self.channels}
-        self.staged: dict[int, list[tuple[int, Data]]] = {}  # epoch -> (partition, message), in arrival order
-        self.aborted: set[int] = set()
-        self.published = 0  # every epoch up to this one is in the logs (or was aborted)
-        self.latency: dict[str, Histogram] = {}
-        self.rows: dict[str, int] = {}
-
-    def poll(self) -> int:
-        done = 0
-        for producer, ch in self.channels:
-            while (msg := ch.receive()) is not None:
-                done += 1
-                if type(msg) is Data:
-                    self.staged.setdefault(msg.epoch, []).append((producer[1], msg))
-                else:
-                    self.epochs[producer] = msg.epoch
-                    if type(msg) is Abort:
-                        self.aborted.add(msg.epoch)
-        closed = min(self.epochs.values()) if self.epochs else 0
-        if closed > self.published:
-            self._publish(closed)
-        return done
-
-    def _publish(self, upto: int) -> None:
-        for epoch in sorted(e for e in self.staged if e <= upto):
-            messages = self.staged.pop(epoch)
-            if epoch not in self.aborted:
-                for partition, msg in messages:
-                    self._deliver(partition, msg)
-        self.aborted = {e for e in self.aborted if e > upto}
-        self.published = upto
-
-    def _deliver(self, partition: int, msg: Data) -> None:
-        now = time.monotonic_ns()
-        seq = msg.batch.column(columns.SEQ).to_numpy()
-        for out in self.layout.output_names(msg.port):
-            record_latency(self.latency.setdefault(out, Histogram()), self.clock, seq, now)
-            self.rows[out] = self.rows.get(out, 0) + msg.batch.num_rows
-            self.logs[out].append(partition, msg.batch)
-
-    @property
-    def done_epoch(self) -> int:
-        """Every epoch up to this one has fully reached the output logs."""
-        return self.published
-
-
 class Deployment:
     """A query running in this process; made by :meth:`sparkcep.Engine.deploy`.
 
@@ -135,14 +79,17 @@ class Deployment:
     stream.
     """
 
-    def __init__(self, id: str, query: Query, parallelism=1, bins: int = 128):
+    def __init__(self, id: str, query: Query, parallelism=1, bins: int = 128, retain: bool = True):
         if not isinstance(bins, int) or bins < 1 or bins & (bins - 1):
             raise QueryError(f"bins must be a power of two, got {bins}")
         self.id, self.query, self.bins = id, query, bins
         self.plan = plan(query)
         self.parallelism = parallelism_of(self.plan, parallelism)
         self.layout = Layout(self.plan, self.parallelism)
-        self.logs: dict[str, OutputLog] = {}
+        self.tables = bin_tables(self.layout, bins)  # the authoritative bin tables; routers hold copies
+        self.controls = 0  # control records sent so far (their numbers)
+        self.logs = {out: OutputLog(op.schema.to_arrow(), out, retain, deployment=id)
+                     for out, op in query.outputs.items()}
         self.sources: dict[str, SourceState] = {name: SourceState() for name in query.sources}
         self.clock = EpochClock()
         self.epoch = 1  # the open epoch: data pushed now belongs to it, progress closes it
@@ -155,14 +102,9 @@ class Deployment:
     def _connect(self) -> None:
         """Create the instances and their channels: here all in this process."""
         chans = {pc: LocalChannel() for pc in self.layout.channels()}
-        self.runners: list[InstanceRunner] = []
-        for ep in self.layout.instances():
-            router = Router(self.layout.routes(ep), {c: chans[(ep, c)] for c in self.layout.consumers(ep)},
-                            self.bins)
-            inputs = {p: chans[(p, ep)] for p in self.layout.producers(ep)}
-            self.runners.append(InstanceRunner(self.layout, ep, self.bins, inputs, router, self.clock))
+        self.runners = host_runners(self.layout, self.bins, None, self.layout.instances(), chans, chans, self.clock)
         self._source_channels = {c: chans[(ENGINE, c)] for c in self.layout.consumers(ENGINE)}
-        self.source_router = Router(self.layout.routes(ENGINE), self._source_channels, self.bins)
+        self.source_router = source_router(self.layout, self.bins, None, chans)
         self.sink = Sink(self.layout, self.logs, self.clock, {p: chans[(p, ENGINE)]
                                                                for p in self.layout.producers(ENGINE)})
 
@@ -175,12 +117,12 @@ class Deployment:
                 for sq in self.plan.subqueries}
 
     # --- data ------------------------------------------------------------------
-    def push(self, stream: str, batch: pa.RecordBatch, max_ts: int) -> None:
-        """Route a stamped source batch (hidden columns set by the engine) into the instances reading ``stream``."""
+    def push(self, stream: str, batch: pa.RecordBatch) -> None:
+        """Route a stamped source batch (:func:`~sparkcep.core.columns.stamp`) into the instances reading ``stream``."""
         self.check()
         src = self.sources[stream]
         self._undo.setdefault(stream, (src.max_ts, src.rows))
-        src.max_ts = max(src.max_ts, max_ts)
+        src.max_ts = max(src.max_ts, int(pa.compute.max(batch.column(columns.TS)).as_py()))
         src.rows += batch.num_rows
         if self._arrival is None:
             self._arrival = time.monotonic_ns()
@@ -209,6 +151,32 @@ class Deployment:
             ch.send_progress(self.epoch, frontier, wm, arrival)
         self.epoch += 1
         self._run()
+
+    def configure(self, operator: str, owners) -> None:
+        """From the next epoch on, bin ``b`` of ``operator`` belongs to instance ``owners[b]``.
+
+        A :class:`~sparkcep.runtime.channels.Configure` record travels with the
+        data and every router applies it at that epoch. It moves routing only:
+        the state of the bins (and the tuples pending for them) must move with
+        it (live migration), or be empty.
+        """
+        self.check()
+        table = self._table(operator)
+        table.set(owners)
+        self.controls += 1
+        self.source_router.control(Configure(self.epoch, self.controls, operator, table.owners.tolist()))
+        self._run()
+
+    def bin_owners(self, operator: str) -> list[int]:
+        """For each bin of stateful ``operator``, the instance that owns it."""
+        return self._table(operator).owners.tolist()
+
+    def _table(self, operator: str):
+        if operator not in self.tables:
+            raise QueryError(f"query {self.query.name!r} has no route-key operator named {operator!r} "
+                             f"(a stateful operator with by=/on= keys on more than one instance); "
+                             f"bin tables: {sorted(self.tables)}")
+        return self.tables[operator]
 
     def end(self, stream: str, frontier: int) -> None:
         self.sources[stream].ended = True

@@ -17,7 +17,12 @@ advances epoch by epoch, each time all its inputs have delivered it:
   frontier and the minimum of the inputs' watermarks;
 * an aborted epoch (:class:`~sparkcep.runtime.channels.Abort` from every
   input) is dropped: its stash goes, nothing is consumed or fired, and the
-  abort is passed on, so no output ever shows it.
+  abort is passed on, so no output ever shows it;
+* a control record (a :class:`~sparkcep.runtime.channels.Configure` of a
+  bin table, say) is applied once every input delivered it, between the
+  epoch before it and the one it starts, then passed on — an input that
+  delivered it waits for the others meanwhile (Megaphone's updates at a
+  frontier).
 
 So an instance consumes exactly what it would consume in one process,
 whatever the interleaving of its channels: results equal the in-process
@@ -32,7 +37,7 @@ from sparkcep.core import columns
 from sparkcep.core.subquery import SubQueryInstance
 from sparkcep.errors import EngineError
 from sparkcep.runtime.balancers import Router
-from sparkcep.runtime.channels import Abort, Consumer, Data
+from sparkcep.runtime.channels import Abort, Consumer, Control, Data, Progress
 from sparkcep.runtime.layout import Endpoint, Layout
 from sparkcep.runtime.metrics import Counters, EpochClock, Histogram, record_latency
 
@@ -52,31 +57,40 @@ class InstanceRunner:
         self.instance = SubQueryInstance(layout.plan, sq, endpoint[1], bins)
         self.buffers = self.instance.stateful is not None
         self.channels = [inputs[p] for p in layout.producers(endpoint)]
-        self.pending: list[list] = [[] for _ in self.channels]  # Progress not yet advanced, per input
+        self.pending: list[list] = [[] for _ in self.channels]  # progress and control not yet applied, per input
+        self.held = [0] * len(self.channels)  # control records in pending: the input is not read meanwhile
         self.stash: dict[int, list] = {}  # epoch -> [(input, edge, batch)] for a stateful head
         self.counters = Counters()
         self.name = f"{sq.name}[{endpoint[1]}]"
 
     def poll(self, budget: int = 32) -> int:
-        """Handle up to ``budget`` messages per input while no output is backed up; returns how many."""
+        """Handle up to ``budget`` messages per input while no output is backed up; returns how many.
+
+        An input that delivered a control record is not read again until every
+        input delivered it (alignment): what follows it already belongs to the
+        configuration it starts.
+        """
         done = 0
         t0 = time.perf_counter_ns()
         router = self.router
         for k, ch in enumerate(self.channels):
             n = 0
-            while n < budget and not router.backlog_bytes:
+            while n < budget and not router.backlog_bytes and not self.held[k]:
                 msg = ch.receive()
                 if msg is None:
                     break
                 n += 1
-                if type(msg) is Data:
+                kind = type(msg)
+                if kind is Data:
                     self._data(k, msg)
-                else:
-                    if type(msg) is not Abort:
-                        self.clock.note(msg.epoch, msg.frontier, msg.arrival)
-                    self.pending[k].append(msg)
-                    if len(self.pending[k]) == 1:
-                        self._advance()
+                    continue
+                if kind is Progress:
+                    self.clock.note(msg.epoch, msg.frontier, msg.arrival)
+                elif kind is not Abort:
+                    self.held[k] += 1
+                self.pending[k].append(msg)
+                if len(self.pending[k]) == 1:
+                    self._advance()
             done += n
         if done:
             self.counters.busy_ns += time.perf_counter_ns() - t0
@@ -104,9 +118,15 @@ class InstanceRunner:
             heads = [p.pop(0) for p in pending]
             first = heads[0]
             epoch = first.epoch
-            if any(h.epoch != epoch for h in heads):
-                raise EngineError(f"{self.name}: inputs disagree on the next epoch: "
-                                  f"{[h.epoch for h in heads]} (a producer skipped one)", "EPOCH")
+            if any(h.epoch != epoch or type(h) is not type(first) for h in heads):
+                raise EngineError(f"{self.name}: inputs disagree on the next record: "
+                                  f"{[(type(h).__name__, h.epoch) for h in heads]} (a producer skipped one)", "EPOCH")
+            if isinstance(first, Control):
+                if any(h != first for h in heads):
+                    raise EngineError(f"{self.name}: inputs disagree on control record {first}", "EPOCH")
+                self.held = [n - 1 for n in self.held]
+                self.router.control(first)
+                continue
             aborted = [type(h) is Abort for h in heads]
             if any(aborted):
                 if not all(aborted):

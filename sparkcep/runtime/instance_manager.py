@@ -1,24 +1,23 @@
-"""The instance manager (UPM-CEP §4.1.2): one single-threaded process per core, running sub-query instances.
+"""The instance manager (UPM-CEP §4.1.2) as a service: ``sparkcep worker``.
 
-It pins itself to its core (``os.sched_setaffinity``), prefers memory of
-its NUMA node (libnuma) and first-touches its input rings, then loops:
-run every hosted instance over its input channels (numba kernels release
-the GIL; there is no other thread anyway), flush what the outputs could not
-take, answer the engine's control messages; when nothing moves, spin a
-moment, then sleep on its doorbell until a peer rings it.
+One single-threaded process, pinned to its CPUs, that listens on an address
+(loopback unless told otherwise) and runs the sub-query instances engines
+deploy to it. ``Engine.local(workers=N)`` starts N of them; the Spark
+executor plugin starts them with each executor; anyone may start one by
+hand on any host::
 
-The engine talks to it over a pipe (control plane, pickled messages):
-``("deploy", id, spec)``, ``("map", id, name)`` (map the pages of its output rings, once every
-reader has touched its inputs), ``("undeploy", id, name)``, ``("metrics", id)``,
-``("stop", id)``; it answers ``("ok", id, value)`` or ``("error", id, text)``
-and reports a failing instance as ``("failed", deployment, text, error code)``. Data
-never goes through the pipe. It exits by itself when the pipe closes or its
-parent process is gone.
+    sparkcep worker --listen 127.0.0.2:7001 --cpus 1 --name im-a --token-file ~/.sparkcep/cluster.token
 
-``python -m sparkcep.runtime.instance_manager --name NAME --cpu CPU`` runs a
-pinned instance manager for the executor launcher (:mod:`sparkcep.spark.executor`);
-until the control plane deploys onto registered instance managers over TCP,
-such a process idles until SIGTERM.
+Every connection starts with a hello carrying the token (checked before
+anything else is read; a connection without it is refused and logged): an
+engine's *control* connection (:mod:`sparkcep.runtime.commands`: deploy,
+start, undeploy, metrics, stop) or a peer's *channel* connection (a network
+channel end, :mod:`sparkcep.runtime.channels`). The loop runs every hosted
+instance over its input channels, flushes what outputs could not take, and
+handles connections; when nothing moves it spins a moment, then sleeps on
+its doorbell and sockets until a peer wakes it. An engine's deployments go
+when its control connection closes; with ``--once`` the process then exits
+(that is how an engine's own workers end with it).
 """
 
 from __future__ import annotations
@@ -27,70 +26,70 @@ import argparse
 import ctypes
 import faulthandler
 import gc
+import json
+import logging
 import os
 import pickle
+import select
+import shutil
 import signal
+import socket
 import sys
+import tempfile
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psutil
 import pyarrow as pa
 
+from sparkcep import auth
 from sparkcep.errors import EngineError, OperatorError
 from sparkcep.query.planner import plan
-from sparkcep.runtime.balancers import Router
-from sparkcep.runtime.channels import Doorbell, RingConsumer, RingProducer
-from sparkcep.runtime.instance import InstanceRunner
-from sparkcep.runtime.layout import ENGINE, Endpoint, Layout
+from sparkcep.runtime import commands as cmd
+from sparkcep.runtime.channels import ChannelClosed, Doorbell, RingConsumer, RingProducer, create_ring
+from sparkcep.runtime.layout import Endpoint, Layout
 from sparkcep.runtime.metrics import EpochClock
-from sparkcep.runtime.topology import pin, prefer_node
+from sparkcep.runtime.topology import Topology, prefer_node
 from sparkcep.runtime.warmup import warm_up
+from sparkcep.runtime.wiring import SHM, host_key, host_runners
+
+log = logging.getLogger("sparkcep")
 
 SPIN_S = 100e-6     # busy-poll this long after the last message before sleeping
-SLEEP_S = 0.2       # longest sleep: bounds a missed wake-up and the parent-death check
-CONTROL_EVERY = 32  # loop turns between looks at the control pipe while busy
+SLEEP_S = 0.2       # longest sleep: bounds a missed wake-up
+CONTROL_EVERY = 32  # loop turns between looks at the connections while busy
+HELLO_TIMEOUT_S = 5.0  # a new connection must say hello within this long
 KEEP_BYTES = 256 << 20  # freed memory an instance manager keeps for reuse (glibc malloc)
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (glibc malloc.h)
 
 
 @dataclass
-class IMConfig:
-    """What an instance-manager process is told when it starts (picklable)."""
-
-    index: int
-    cpu: int | None
-    node: int | None
-    doorbell: str
-    name: str = ""
-
-
-@dataclass
-class DeploySpec:
-    """One deployment as the instance managers get it: picklable names and numbers only."""
-
-    id: str
-    query: bytes                         # the Query, pickled (cloudpickle when available)
-    parallelism: dict[str, int]
-    bins: int
-    assignment: dict[Endpoint, int]      # instance -> instance manager
-    rings: dict[tuple[Endpoint, Endpoint], str]  # (producer, consumer) -> ring file
-    doorbells: dict[int, str]            # instance manager -> doorbell FIFO
-    engine_send_bell: str                # the engine's thread that writes source data
-    engine_sink_bell: str                # the engine's thread that reads the outputs
-    zero_copy: bool = True
-
-
-@dataclass
 class Hosted:
-    """The instances of one deployment on this instance manager."""
+    """The part of one deployment this instance manager runs."""
 
-    spec: DeploySpec
-    runners: list[InstanceRunner]
-    readers: list[RingConsumer]
-    writers: list[RingProducer]
+    link: "Link"
+    spec: cmd.DeploySpec
+    layout: Layout
+    mine: list[Endpoint]
+    inputs: dict = field(default_factory=dict)  # (producer, consumer) -> consumer end
+    outputs: dict = field(default_factory=dict)  # (producer, consumer) -> producer end
+    runners: list = field(default_factory=list)
     failed: bool = False
+
+    @property
+    def ends(self) -> list:
+        return list(self.inputs.values()) + list(self.outputs.values())
+
+
+@dataclass
+class Link:
+    """An engine's control connection."""
+
+    sock: socket.socket
+    reader: cmd.RecordReader
+    engine: str
+    peer: str
 
 
 class GCPauses:
@@ -114,17 +113,30 @@ class GCPauses:
 
 
 class InstanceManager:
-    def __init__(self, config: IMConfig, conn):
-        self.config, self.conn = config, conn
-        self.bell = Doorbell(config.doorbell)
-        self.bell.fileno()
-        self.bells: dict[str, Doorbell] = {config.doorbell: self.bell}
-        self.hosted: dict[str, Hosted] = {}
+    """The service: a listening socket, engines' control links, hosted deployments."""
+
+    def __init__(self, name: str, server: socket.socket, token: str, once: bool = False,
+                 node: int | None = None):
+        self.name, self.server, self.token, self.once, self.node = name, server, token, once, node
+        self.server.setblocking(False)
+        host, port = server.getsockname()[:2]
+        self.address = f"{host}:{port}"
+        self.shm_dir = tempfile.mkdtemp(prefix=f"sparkcep-im-{os.getpid()}-",
+                                        dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        self.bell = Doorbell.create(os.path.join(self.shm_dir, "bell"))
+        self.links: dict[socket.socket, Link] = {}
+        self.greeting: dict[socket.socket, float] = {}  # accepted, hello not read yet -> deadline
+        self.hosted: dict[tuple[int, str], Hosted] = {}  # (id of the link, deployment id) -> part
+        self.waiting: dict[str, tuple[Hosted, object]] = {}  # channel id -> pending network end
+        self.refused = 0
         self.stopping = False
-        self.ppid = os.getppid()
         self.process = psutil.Process()
         self.gc_pauses = GCPauses()
         gc.callbacks.append(self.gc_pauses)
+
+    def info(self) -> cmd.IMInfo:
+        return cmd.IMInfo(self.name, self.address, host_key(self.address.rpartition(":")[0]), os.getpid(),
+                          sorted(os.sched_getaffinity(0)), self.node, self.shm_dir)
 
     # --- the loop ----------------------------------------------------------------------
     def loop(self) -> None:
@@ -138,12 +150,12 @@ class InstanceManager:
             if work:
                 idle_since = None
                 if turns % CONTROL_EVERY == 0:
-                    self._control(0)
+                    self._io(0)
                 continue
             now = time.perf_counter()
             if idle_since is None:
                 idle_since = now
-                self._control(0)
+                self._io(0)
             elif now - idle_since > SPIN_S:
                 self._sleep()
                 idle_since = None
@@ -156,129 +168,247 @@ class InstanceManager:
                     current.router.flush()
                 if current.ready:
                     work += current.poll()
-        except Exception as e:  # an operator failed: report it, stop running this deployment
+        except Exception as e:  # an operator failed or a peer died: report it, stop running this deployment
             h.failed = True
-            where = (f"instance manager {self.config.index} (pid {os.getpid()}): "
-                     f"{current.name if current else '?'} of query {h.spec.id.split('#')[0]}")
-            if isinstance(e, OperatorError):
-                self._send(("failed", h.spec.id, f"{where}: {e}", e.code))
+            where = f"instance manager {self.name} (pid {os.getpid()}): {current.name if current else '?'}"
+            if isinstance(e, (OperatorError, ChannelClosed)):
+                self._tell(h.link, cmd.Failed(h.spec.id, f"{where}: {e}", e.code))
             else:
-                self._send(("failed", h.spec.id, f"{where} failed: {type(e).__name__}: {e}\n"
-                                                 f"{traceback.format_exc()}", "INSTANCE_FAILED"))
+                self._tell(h.link, cmd.Failed(h.spec.id, f"{where} failed: {type(e).__name__}: {e}\n"
+                                                         f"{traceback.format_exc()}", "INSTANCE_FAILED"))
         return work
 
     def _sleep(self) -> None:
         live = [h for h in self.hosted.values() if not h.failed]
-        readers = [rd for h in live for rd in h.readers]
-        writers = [w for h in live for w in h.writers if w.backlog_bytes]
-        for rd in readers:
-            rd.sleep_flag(True)
-        for w in writers:
-            w.sleep_flag(True)
-        ready = []
+        consumers = [end for h in live for end in h.inputs.values()]
+        producers = [end for h in live for end in h.outputs.values() if end.backlog_bytes]
+        for end in consumers + producers:
+            end.sleep_flag(True)
         try:
-            if not any(rd.ready() for rd in readers) and not any(w.flush() for w in writers):
-                ready = self.bell.wait(SLEEP_S, also=[self.conn])
+            if any(end.ready() for end in consumers) or any(end.flush() for end in producers):
+                return
+            fds = {self.bell.fileno(), self.server.fileno(), *(s.fileno() for s in self.links),
+                   *(s.fileno() for s in self.greeting)}
+            for end in consumers + producers:
+                fd = end.fileno()
+                if fd is not None:
+                    fds.add(fd)
+            ready, _, _ = select.select(list(fds), [], [], SLEEP_S)
+            if self.bell.fileno() in ready:
+                self.bell.drain()
         finally:
-            for rd in readers:
-                rd.sleep_flag(False)
-            for w in writers:
-                w.sleep_flag(False)
-        if self.conn in ready:
-            self._control(0)  # after the flags: a control message may close these channels
-        if os.getppid() != self.ppid:  # the engine is gone
+            for end in consumers + producers:
+                end.sleep_flag(False)
+        self._io(0)
+
+    # --- connections -------------------------------------------------------------------
+    def _io(self, timeout: float) -> None:
+        socks = [self.server, *self.links, *self.greeting]
+        try:
+            ready, _, _ = select.select(socks, [], [], timeout)
+        except (OSError, ValueError):
+            ready = []
+        for s in ready:
+            if s is self.server:
+                self._accept()
+            elif s in self.greeting:
+                self._greet(s)
+            elif s in self.links:
+                self._records(self.links[s])
+        now = time.monotonic()
+        for s, deadline in list(self.greeting.items()):
+            if now > deadline:
+                self._refuse(s, "no hello")
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                s, _ = self.server.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.greeting[s] = time.monotonic() + HELLO_TIMEOUT_S
+
+    def _greet(self, s: socket.socket) -> None:
+        """Read the hello of a new connection and hand it on: a control link or a channel end."""
+        del self.greeting[s]
+        try:
+            s.settimeout(HELLO_TIMEOUT_S)
+            hello = cmd.recv_json(s)
+        except (OSError, EngineError) as e:
+            self._refuse(s, f"bad hello: {e}")
+            return
+        if not auth.check(self.token, hello.get("token")):
+            self._refuse(s, "no valid token")
+            return
+        role = hello.get("role")
+        if role == "control":
+            cmd.send_json(s, {"ok": True, "info": vars(self.info())})
+            s.setblocking(True)
+            s.settimeout(None)
+            self.links[s] = Link(s, cmd.RecordReader(s), str(hello.get("engine", "")), _peer(s))
+            return
+        waiting = self.waiting.pop(str(hello.get("channel")), None)
+        if waiting is None or role not in ("producer", "consumer"):
+            self._refuse(s, f"unknown channel {hello.get('channel')!r} (role {role!r})")
+            return
+        cmd.send_json(s, {"ok": True})
+        s.setblocking(False)
+        waiting[1].attach(s)
+
+    def _refuse(self, s: socket.socket, why: str) -> None:
+        self.greeting.pop(s, None)
+        self.refused += 1
+        log.warning("instance manager %s refused a connection from %s: %s", self.name, _peer(s), why)
+        try:
+            cmd.send_json(s, {"ok": False, "error": why})
+        except OSError:
+            pass
+        s.close()
+
+    def _records(self, link: Link) -> None:
+        try:
+            records = link.reader.read()
+        except EngineError:
+            self._drop(link)
+            return
+        for record in records:
+            self._handle(link, record)
+
+    def _drop(self, link: Link) -> None:
+        """The engine closed its control link (or died): its deployments go."""
+        del self.links[link.sock]
+        link.sock.close()
+        for key in [k for k, h in self.hosted.items() if h.link is link]:
+            self._undeploy(link, key[1])
+        if self.once:
             self.stopping = True
 
-    # --- control -----------------------------------------------------------------------
-    def _control(self, timeout: float) -> None:
+    def _handle(self, link: Link, record) -> None:
         try:
-            while self.conn.poll(timeout):
-                msg = self.conn.recv()
-                self._handle(msg)
-                timeout = 0
-        except (EOFError, OSError):
-            self.stopping = True  # the engine closed the pipe or died
-
-    def _handle(self, msg) -> None:
-        kind, req = msg[0], msg[1]
-        try:
-            if kind == "deploy":
-                value = self._deploy(msg[2])
-            elif kind == "map":
-                for w in self.hosted[msg[2]].writers:
-                    w.map_pages()
-                value = None
-            elif kind == "undeploy":
-                value = self._undeploy(msg[2])
-            elif kind == "metrics":
-                value = self.snapshot()
-            elif kind == "stop":
-                self.stopping = True
-                value = None
+            if isinstance(record, cmd.Deploy):
+                value = self._deploy(link, record.spec)
+            elif isinstance(record, cmd.Start):
+                value = self._start(link, record.deployment, record.addresses)
+            elif isinstance(record, cmd.Undeploy):
+                value = self._undeploy(link, record.deployment)
+            elif isinstance(record, cmd.Metrics):
+                value = self.snapshot(link)
+            elif isinstance(record, cmd.Stop):
+                self.stopping, value = True, None
             else:
-                raise EngineError(f"unknown control message {kind!r}", "CONTROL")
-            self._send(("ok", req, value))
+                raise EngineError(f"unknown control record {type(record).__name__}", "CONTROL")
+            self._tell(link, cmd.Reply(record.number, value))
         except Exception as e:
-            self._send(("error", req, f"instance manager {self.config.index}: {type(e).__name__}: {e}\n"
-                                      f"{traceback.format_exc()}"))
+            code = e.code if isinstance(e, EngineError) else "INSTANCE_MANAGER"
+            self._tell(link, cmd.Refused(getattr(record, "number", -1),
+                                         f"instance manager {self.name}: {type(e).__name__}: {e}", code))
 
-    def _send(self, msg) -> None:
+    def _tell(self, link: Link, record) -> None:
         try:
-            self.conn.send(msg)
-        except (OSError, EOFError):
-            self.stopping = True
+            cmd.send_record(link.sock, record)
+        except OSError:
+            pass  # the link is gone: _records notices and drops it
 
-    def _bell(self, path: str) -> Doorbell:
-        if path not in self.bells:
-            self.bells[path] = Doorbell(path)
-        return self.bells[path]
-
-    def _deploy(self, spec: DeploySpec) -> dict:
-        query = pickle.loads(spec.query)
-        layout = Layout(plan(query), spec.parallelism)
-        clock = EpochClock()
-
-        runners, readers, writers = [], [], []
+    # --- deployments -------------------------------------------------------------------
+    def _deploy(self, link: Link, spec: cmd.DeploySpec) -> dict:
+        """Create the hosted instances' first channel ends; returns the addresses of the rings made here."""
+        layout = Layout(plan(pickle.loads(spec.query)), spec.parallelism)
+        mine = [ep for ep in layout.instances() if spec.assignment[ep] == self.name]
+        h = Hosted(link, spec, layout, mine)
+        self.hosted[(id(link), spec.id)] = h
+        made = {}
         try:
-            for ep in layout.instances():
-                if spec.assignment[ep] != self.config.index:
+            for n, ((p, c), cp) in enumerate(spec.channels.items()):
+                if cp.first not in mine:
                     continue
-                stateful = layout.sq[ep[0]].head.stateful
-                ins = {p: RingConsumer(spec.rings[(p, ep)], self.bell, copy=stateful or not spec.zero_copy)
-                       for p in layout.producers(ep)}
-                outs = {c: RingProducer(spec.rings[(ep, c)], self.bell) for c in layout.consumers(ep)}
-                readers += ins.values()
-                writers += outs.values()
-                router = Router(layout.routes(ep), outs, spec.bins)
-                runners.append(InstanceRunner(layout, ep, spec.bins, ins, router, clock))
+                if cp.transport == SHM:  # we consume: the ring is ours to create
+                    path = os.path.join(self.shm_dir, f"{_tag(spec.id)}-{n}")
+                    create_ring(path, spec.ring_bytes, self.bell.path)
+                    stateful = layout.sq[c[0]].head.stateful
+                    h.inputs[(p, c)] = RingConsumer(path, self.bell, copy=stateful or not spec.zero_copy)
+                    made[(p, c)] = f"shm:{path}"
+                else:  # we listen: the peer connects at start
+                    from sparkcep.runtime.channels import tcp
+                    end = tcp.pending_consumer() if c in mine else tcp.pending_producer()
+                    (h.inputs if c in mine else h.outputs)[(p, c)] = end
+                    self.waiting[cp.address.partition("/")[2]] = (h, end)
         except BaseException:
-            for ch in readers + writers:
-                ch.close()
+            self._undeploy(link, spec.id)
             raise
-        self.hosted[spec.id] = Hosted(spec, runners, readers, writers)
-        return {"instances": [r.endpoint for r in runners], "pid": os.getpid()}
+        return made
 
-    def _undeploy(self, dep_id: str) -> None:
-        h = self.hosted.pop(dep_id, None)
-        if h is not None:
-            h.runners.clear()
-            for ch in h.readers + h.writers:
-                ch.close()
+    def _start(self, link: Link, dep: str, addresses: dict) -> dict:
+        """Open the other ends (ring producers, connections to listening peers); build the instances."""
+        h = self.hosted[(id(link), dep)]
+        spec = h.spec
+        for (p, c), cp in spec.channels.items():
+            if p in h.mine and (p, c) not in h.outputs:
+                if cp.transport == SHM:
+                    h.outputs[(p, c)] = RingProducer(addresses[(p, c)].partition(":")[2], self.bell)
+                else:
+                    from sparkcep.runtime.channels import tcp
+                    h.outputs[(p, c)] = tcp.connect_producer(cp.address, self.token)
+            if c in h.mine and (p, c) not in h.inputs:  # a network channel whose producer listens
+                from sparkcep.runtime.channels import tcp
+                h.inputs[(p, c)] = tcp.connect_consumer(cp.address, self.token)
+        for end in h.outputs.values():
+            if hasattr(end, "map_pages"):
+                end.map_pages()  # the consumer touched its ring first (NUMA placement)
+        h.runners = host_runners(h.layout, spec.bins, spec.owners, h.mine, h.inputs, h.outputs, EpochClock())
+        return {"instances": [r.name for r in h.runners], "pid": os.getpid()}
 
-    def snapshot(self) -> dict:
-        """Counters of every hosted instance, plus this process's bytes in/out, CPU, memory and GC pauses."""
+    def _undeploy(self, link: Link, dep: str) -> None:
+        h = self.hosted.pop((id(link), dep), None)
+        if h is None:
+            return
+        self.waiting = {k: v for k, v in self.waiting.items() if v[0] is not h}
+        h.runners.clear()
+        for end in h.ends:
+            end.close()
+        for name in os.listdir(self.shm_dir):
+            if name.startswith(_tag(dep) + "-"):
+                os.unlink(os.path.join(self.shm_dir, name))
+
+    def snapshot(self, link: Link) -> dict:
+        """Counters of the link's hosted instances, plus this process's bytes in/out, CPU, memory, GC pauses."""
         deps = {}
         bytes_in = bytes_out = 0
-        for dep_id, h in self.hosted.items():
-            deps[dep_id] = {r.endpoint: {**r.counters.snapshot(), "queue": r.queued(), "late": r.late()}
-                            for r in h.runners}
-            bytes_in += sum(rd.bytes_in for rd in h.readers)
-            bytes_out += sum(w.bytes_out for w in h.writers)
+        for (owner, dep_id), h in self.hosted.items():
+            if owner == id(link):
+                deps[dep_id] = {r.endpoint: {**r.counters.snapshot(), "queue": r.queued(), "late": r.late()}
+                                for r in h.runners}
+            bytes_in += sum(getattr(end, "bytes_in", 0) for end in h.inputs.values())
+            bytes_out += sum(getattr(end, "bytes_out", 0) for end in h.outputs.values())
         mem = self.process.memory_info()
         cpu = self.process.cpu_times()
         return {"deployments": deps, "bytes_in": bytes_in, "bytes_out": bytes_out,
                 "cpu_s": cpu.user + cpu.system, "rss": mem.rss, "cpu_num": self.process.cpu_num(),
-                "pid": os.getpid(), "time": time.monotonic(), "gc": self.gc_pauses.snapshot()}
+                "pid": os.getpid(), "time": time.monotonic(), "gc": self.gc_pauses.snapshot(),
+                "refused_connections": self.refused}
+
+    def close(self) -> None:
+        for link in list(self.links.values()):
+            self._drop(link)
+        for s in list(self.greeting):
+            s.close()
+        self.server.close()
+        self.bell.close()
+        shutil.rmtree(self.shm_dir, ignore_errors=True)
+
+
+def _tag(dep_id: str) -> str:
+    return "".join(ch if ch.isalnum() else "_" for ch in dep_id)
+
+
+def _peer(s: socket.socket) -> str:
+    try:
+        host, port = s.getpeername()[:2]
+        return f"{host}:{port}"
+    except OSError:
+        return "?"
 
 
 def keep_freed_memory() -> None:
@@ -307,57 +437,65 @@ def keep_freed_memory() -> None:
         free(block)
 
 
-def serve(config: IMConfig, conn, close=()) -> None:
-    """Body of an instance-manager process started by the engine (any start method)."""
-    for c in close:  # fork: pipe ends of other instance managers inherited from the parent
-        try:
-            c.close()
-        except OSError:
-            pass
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the engine; it stops us
+def _listen(spec: str) -> socket.socket:
+    host, sep, port = spec.rpartition(":")
+    if not sep or not port.isdigit():
+        raise EngineError(f"--listen {spec!r}: expected HOST:PORT (port 0: any free port)", "OPTION")
+    return socket.create_server((host or "127.0.0.1", int(port)))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--listen", default="127.0.0.1:0", metavar="HOST:PORT",
+                        help="address to serve on (default 127.0.0.1:0: loopback, any free port); "
+                             "an address beyond loopback is reachable from other hosts")
+    parser.add_argument("--cpus", default=None, help="CPUs to pin to, e.g. 3 or 2-3 (default: all allowed)")
+    parser.add_argument("--name", default=None, help="its name in the engine (default: worker-HOST-PORT)")
+    parser.add_argument("--token-file", required=True, help="file holding the token every connection must present")
+    parser.add_argument("--topology", default=None, help="NUMA topology file (default: this machine's sysfs)")
+    parser.add_argument("--once", action="store_true",
+                        help="exit when the first engine's control connection closes")
+
+
+def run(args) -> int:
+    """Body of ``sparkcep worker``: pin, warm up, listen, print a READY line, serve until stopped."""
+    from sparkcep.runtime.topology import parse_cpulist
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # an engine that started us stops us
     faulthandler.register(signal.SIGUSR1, all_threads=False)  # kill -USR1 <pid>: where is it stuck?
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     try:
-        pin(config.cpu)
-        prefer_node(config.node)
+        token = auth.read(args.token_file)
+        if args.cpus:
+            os.sched_setaffinity(0, set(parse_cpulist(args.cpus)))
+        cpus = sorted(os.sched_getaffinity(0))
+        node = Topology.load(args.topology).node_of(cpus[0])
+        prefer_node(node)
         keep_freed_memory()
-        warm_up()  # at once when forked from a warm parent; else compiles or loads numba's cache
+        warm_up()  # compiles or loads numba's cache before the first batch
         # numba, pyarrow and numpy leave ~150K long-lived objects; a full collection scanning them
         # stops this process for ~100 ms. Frozen, they are never scanned (a deployment adds hundreds).
         gc.freeze()
-        im = InstanceManager(config, conn)
-        conn.send(("ready", config.index, {"pid": os.getpid(), "cpu": config.cpu, "node": config.node}))
-    except Exception as e:
-        try:
-            conn.send(("error", config.index, f"{type(e).__name__}: {e}"))
-        finally:
-            return
-    profile = os.environ.get("SPARKCEP_PROFILE_IM")  # a directory: write cProfile stats per worker there
-    if profile:
-        import cProfile
-        prof = cProfile.Profile()
-        prof.runcall(im.loop)
-        prof.dump_stats(os.path.join(profile, f"im-{config.index}.prof"))
-    else:
-        im.loop()
-    for h in list(im.hosted):
-        im._undeploy(h)
-    im.bell.close()
+        server = _listen(args.listen)
+        host, port = server.getsockname()[:2]
+        im = InstanceManager(args.name or f"worker-{host}-{port}", server, token, once=args.once, node=node)
+    except (EngineError, OSError, ValueError) as e:
+        print(f"sparkcep worker: {e}", file=sys.stderr, flush=True)
+        return 1
+    print("READY " + json.dumps(vars(im.info())), flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: setattr(im, "stopping", True))
+    try:
+        if not stop:
+            im.loop()
+    finally:
+        im.close()
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    """A standalone, pinned instance manager for the executor launcher; idles until SIGTERM."""
-    ap = argparse.ArgumentParser(prog="python -m sparkcep.runtime.instance_manager")
-    ap.add_argument("--name", default="")
-    ap.add_argument("--cpu", type=int, default=None)
-    ap.add_argument("--engine", default=None)
-    args = ap.parse_args(argv)
-    stop = []
-    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
-    pin(args.cpu)
-    parent = os.getppid()
-    while not stop and os.getppid() == parent:
-        time.sleep(0.5)
-    return 0
+    parser = argparse.ArgumentParser(prog="sparkcep worker", description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

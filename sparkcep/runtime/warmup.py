@@ -1,9 +1,8 @@
-"""Compile (or load from numba's on-disk cache) the kernels deployments use, before workers start.
+"""Compile (or load from numba's on-disk cache) the kernels deployments use, before the first batch.
 
-A worker forked after :func:`warm_up` inherits the compiled kernels and
-answers its first batch at once; otherwise every instance manager would
-compile on its first batch (seconds each, all at the same time). The
-forkserver imports :mod:`sparkcep.runtime.forkserver_preload`, which calls it.
+An instance manager calls :func:`warm_up` before it says it is ready, so it
+answers its first batch at once instead of compiling for seconds (all of
+them at the same time); with numba's cache warm it takes about a second.
 """
 
 from __future__ import annotations
@@ -21,31 +20,39 @@ def warm_up() -> None:
     with _lock:
         if _done:
             return
-        import sparkcep as cep
-        from sparkcep.engine import Engine
+        from sparkcep.core.columns import stamp
+        from sparkcep.core.ingest import to_batch
+        from sparkcep.query import aggregates as fn
+        from sparkcep.query.expressions import col
+        from sparkcep.query.query import Query
+        from sparkcep.query.windows import TimeWindow, TupleWindow
+        from sparkcep.runtime.deployment import Deployment
 
         schema = "k string, g int64, ts timestamp, v int64, x float64"
-        q = cep.Query("__sparkcep_warm_up__")
+        q = Query("__sparkcep_warm_up__")
         s, r = q.stream("__warm_l", schema), q.stream("__warm_r", schema)
-        funcs = dict(n=cep.count(), c=cep.count("v"), sv=cep.sum("v"), sx=cep.sum("x"), a=cep.avg("x"),
-                     mi=cep.min("v"), mx=cep.max("x"), ms=cep.min("k"), Ms=cep.max("k"), f=cep.first("v"),
-                     lx=cep.last("x"), fs=cep.first("k"), ls=cep.last("k"))
-        f = s.filter((cep.col("v") > 0) | cep.col("k").is_null())
-        q.output("__warm_a", f.aggregate(cep.TimeWindow("10s", advance="5s"), by=["k"], **funcs))
-        q.output("__warm_b", s.aggregate(cep.TupleWindow(2), by=["g", "k"], **funcs))
-        q.output("__warm_c", s.aggregate(cep.TupleWindow(2), n=cep.count()))
-        q.output("__warm_d", s.map(k="k", ts="ts", w=cep.col("v") * 2).join(r, cep.TimeWindow("10s"), on="k"))
-        q.output("__warm_e", s.join(r, cep.TimeWindow("10s"), where=cep.col("v_left") < cep.col("v_right")))
+        funcs = dict(n=fn.count(), c=fn.count("v"), sv=fn.sum("v"), sx=fn.sum("x"), a=fn.avg("x"),
+                     mi=fn.min("v"), mx=fn.max("x"), ms=fn.min("k"), Ms=fn.max("k"), f=fn.first("v"),
+                     lx=fn.last("x"), fs=fn.first("k"), ls=fn.last("k"))
+        f = s.filter((col("v") > 0) | col("k").is_null())
+        q.output("__warm_a", f.aggregate(TimeWindow("10s", advance="5s"), by=["k"], **funcs))
+        q.output("__warm_b", s.aggregate(TupleWindow(2), by=["g", "k"], **funcs))
+        q.output("__warm_c", s.aggregate(TupleWindow(2), n=fn.count()))
+        q.output("__warm_d", s.map(k="k", ts="ts", w=col("v") * 2).join(r, TimeWindow("10s"), on="k"))
+        q.output("__warm_e", s.join(r, TimeWindow("10s"), where=col("v_left") < col("v_right")))
         t0 = dt.datetime(2024, 1, 1)
         rows = {"k": ["a", None, "b", "a"], "g": [1, 2, None, 1], "v": [1, None, 3, 4], "x": [0.5, 1.0, None, 2.0],
                 "ts": [t0 + dt.timedelta(seconds=i) for i in range(4)]}
         many = {"k": [f"key-{i}" for i in range(200)], "g": list(range(200)), "v": list(range(200)),
                 "x": [0.5] * 200, "ts": [t0] * 200}  # enough keys to grow the tables: rebuilds compile too
-        with Engine(workers=0) as engine:
-            engine.deploy(q, parallelism=2, bins=4)
-            for stream in ("__warm_l", "__warm_r"):
-                engine.send(stream, rows)
-                engine.send(stream, many)
-                engine.send(stream, rows)
-                engine.end(stream)
+        dep = Deployment("warm#1", q, parallelism=2, bins=4)
+        seq = 0
+        for stream in ("__warm_l", "__warm_r"):
+            src = q.sources[stream]
+            for data in (rows, many, rows):
+                batch = to_batch(stream, src.schema, data, src.time_field)
+                dep.push(stream, stamp(batch, seq, src.time_field, dep.sources[stream].max_ts))
+                seq += batch.num_rows
+                dep.progress(seq - 1)
+            dep.end(stream, seq - 1)
         _done = True

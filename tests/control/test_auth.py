@@ -16,7 +16,8 @@ import pyarrow as pa
 import pytest
 
 import sparkcep as cep
-from sparkcep.control import auth, discovery, protocol
+from sparkcep import auth
+from sparkcep.control import discovery, protocol
 from sparkcep.control.client import EngineClient, find_token
 
 T0 = 1_704_067_200_000_000

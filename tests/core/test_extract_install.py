@@ -137,3 +137,32 @@ def test_extract_empties_an_instance_and_install_continues_tuple_positions():
     got = plain(pa.Table.from_batches([o.select(names) for o in out], schema=logical_op.schema.to_arrow()))
     want, _ = ref.aggregate(st["ev"], ref.Tuples(3), ["k"], [("n", "count", None), ("l", "last", "v")])
     assert_same_rows(got, want)
+
+
+@pytest.mark.parametrize("window", [ref.Tuples(3), ref.Time(5 * S)], ids=repr)
+def test_a_bin_moves_with_its_tuples_not_consumed_yet(window):
+    """take_bin carries a bin's pending tuples (past the frontier) along with its state; put_bin installs both."""
+    q = cep.Query("agg")
+    q.output("out", q.stream("ev", EVENTS).aggregate(cep_window(window), by="k", n=cep.count(), l=cep.last("v")))
+    logical_op = q.outputs["out"]
+    rng = random.Random(9)
+    rows = events(60, rng)
+    st, [(_, batch)] = stamp_batches([("ev", rows)], {"ev": "ts"}, {"ev": EVENTS})
+    a, b = physical(logical_op, BINS), physical(logical_op, BINS)
+    a.process(0, batch)
+    out = list(a.advance(29, WM_NONE))  # rows 0..29 consumed, 30..59 pending in A
+    pending_bins = set(bins_of(a.pending[0][0], ["k"]))
+    moved = set(sorted(pending_bins)[::2])
+    assert moved and pending_bins - moved
+    for bn in moved:
+        taken = a.take_bin(bn)
+        assert taken.pending[0] is not None and set(bins_of(taken.pending[0], ["k"])) == {bn}
+        b.put_bin(bn, taken)
+    assert set(bins_of(a.pending[0][0], ["k"])) == pending_bins - moved
+    for op in (a, b):
+        out += list(op.advance(59, WM_END))
+    names = logical_op.schema.names
+    got = plain(pa.Table.from_batches([o.select(names) for o in out if o.num_rows],
+                                      schema=logical_op.schema.to_arrow()))
+    want, _ = ref.aggregate(st["ev"], window, ["k"], [("n", "count", None), ("l", "last", "v")])
+    assert_same_rows(got, want)

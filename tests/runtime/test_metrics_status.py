@@ -68,14 +68,14 @@ def test_status_shows_a_running_local_engine(own_home):
         env = dict(os.environ, SPARKCEP_HOME=str(own_home))
         p = subprocess.run([sys.executable, "-m", "sparkcep.cli", "status"], capture_output=True, text=True,
                            timeout=120, env=env)
-        pids = [w.pid for w in engine.pool.workers]
+        pids = [im["pid"] for im in engine.instance_managers()]
     assert p.returncode == 0, p.stderr
     text = p.stdout
     assert f"engine {engine.endpoint.address} (pid {os.getpid()}): 4,000 tuples in" in text
     assert "instance managers (2):" in text and all(str(pid) in text for pid in pids)
     assert "mq: in 4,000" in text and "out 20" in text
     assert "SQ1 x2 [even]" in text and "SQ2 x2 [per_k]" in text
-    assert "instance 1: instance manager 1 (pid" in text
+    assert "instance 1: instance manager im-1 (127.0.0.1:" in text
     assert "output m_out: 20 rows" in text
 
 

@@ -132,6 +132,14 @@ class Producer(ABC):
     def wait_writable(self, timeout: float) -> None:
         """Sleep until the consumer may have made room (or ``timeout``)."""
 
+    def fileno(self) -> int | None:
+        """A file descriptor that becomes readable when the consumer made room after :meth:`sleep_flag`
+        (None: the owner's doorbell, which a ring's consumer rings)."""
+        return None
+
+    def sleep_flag(self, on: bool) -> None:
+        """Say the owner is about to sleep until the consumer makes room."""
+
     @abstractmethod
     def check_peer(self) -> None:
         """Raise :class:`ChannelClosed` if the consumer is gone."""

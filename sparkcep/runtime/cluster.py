@@ -1,0 +1,610 @@
+"""The engine's instance managers — started with it or already serving at an address — and the
+deployments whose instances run on them.
+
+:class:`Cluster` starts ``workers`` instance managers as ``sparkcep worker``
+processes pinned to this machine's cores (:func:`~sparkcep.runtime.placement.im_slots`),
+connects to those given by address, and keeps one authenticated control
+connection to each (:mod:`sparkcep.runtime.commands`). One *collector*
+thread reads every deployment's output channels into the output logs,
+answers to replies, and notices an instance manager that died (its control
+connection closes): every deployment with an instance on it fails with an
+:class:`~sparkcep.errors.EngineError` ``WORKER_DIED`` naming it and its
+instances; nothing waits forever.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import weakref
+from dataclasses import dataclass, field
+
+import sparkcep
+from sparkcep import auth
+from sparkcep.errors import EngineError
+from sparkcep.query.query import Query
+from sparkcep.runtime import commands as cmd
+from sparkcep.runtime.channels import (DEFAULT_CAPACITY, ChannelClosed, Doorbell, RingConsumer, RingProducer,
+                                       create_ring, unlink_quietly)
+from sparkcep.runtime.deployment import Deployment
+from sparkcep.runtime.layout import ENGINE, Endpoint
+from sparkcep.runtime.placement import Slot, im_slots, place
+from sparkcep.runtime.sink import Sink
+from sparkcep.runtime.topology import Topology
+from sparkcep.runtime.wiring import SHM, host_key, plan_channels, source_router
+
+START_TIMEOUT_S = 120.0
+REPLY_TIMEOUT_S = 30.0
+WAIT_TIMEOUT_S = 120.0     # collect()/wait(): outputs must catch up within this long
+SEND_TIMEOUT_S = 60.0      # send(): a channel must take something within this long
+ENGINE_HOST = "127.0.0.1"  # the engine's own host key is that of a process serving on loopback
+
+
+@dataclass
+class InstanceManagerLink:
+    """The engine's handle on one instance manager."""
+
+    index: int
+    info: cmd.IMInfo
+    sock: socket.socket
+    slot: Slot
+    process: subprocess.Popen | None = None  # when this engine started it
+    reader: cmd.RecordReader = field(init=False)
+    send_lock: threading.Lock = field(default_factory=threading.Lock)
+    dead: str | None = None
+
+    def __post_init__(self):
+        self.reader = cmd.RecordReader(self.sock)
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    def describe(self) -> str:
+        return (f"instance manager {self.name} ({self.info.address}, pid {self.info.pid}, cpu {self.slot.cpu}, "
+                f"node {self.slot.node})")
+
+
+class Cluster:
+    """The instance managers of one engine, and the plumbing to them."""
+
+    def __init__(self, token: str, topology=None, ring_bytes: int = DEFAULT_CAPACITY):
+        self.token, self.ring_bytes = token, ring_bytes
+        self.machine = Topology.load(topology)
+        self.host = host_key(ENGINE_HOST)
+        self.dir = tempfile.mkdtemp(prefix=f"sparkcep-{os.getpid()}-",
+                                    dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        weakref.finalize(self, shutil.rmtree, self.dir, True)  # even if close() is never called
+        self.token_file = str(auth.write(_path(self.dir, "token"), token))
+        self.send_bell = Doorbell.create(os.path.join(self.dir, "engine-send"))
+        self.sink_bell = Doorbell.create(os.path.join(self.dir, "engine-sink"))
+        self.ims: list[InstanceManagerLink] = []
+        self.deployments: dict[str, RemoteDeployment] = {}
+        self.lock = threading.RLock()
+        self.progress = threading.Condition(self.lock)  # notified when outputs arrive or an IM dies
+        self._replies: dict[int, list] = {}
+        self._numbers = iter(range(1, 1 << 62))
+        self._closed = False
+        self._thread = threading.Thread(target=self._collect, name="sparkcep-collector", daemon=True)
+        self._thread.start()
+
+    # --- instance managers -------------------------------------------------------------
+    def spawn(self, n: int) -> None:
+        """Start ``n`` instance managers on this machine's cores, nearest NUMA nodes first."""
+        slots = [Slot(len(self.ims) + s.index, s.cpu, s.node) for s in im_slots(self.machine, n)]
+        # they import what this process imports: the same sparkcep, and the modules of the query's functions
+        root = os.path.dirname(os.path.dirname(sparkcep.__file__))
+        paths = [root] + [p for p in sys.path if p and os.path.isdir(p)]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
+        procs = []
+        for slot in slots:
+            cmd_line = [sys.executable, "-m", "sparkcep", "worker", "--listen", f"{ENGINE_HOST}:0",
+                        "--cpus", str(slot.cpu), "--name", f"im-{slot.index}", "--token-file", self.token_file,
+                        "--once"]
+            procs.append((slot, subprocess.Popen(cmd_line, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                                 env=env, preexec_fn=_die_with_parent)))
+        deadline = time.monotonic() + START_TIMEOUT_S
+        try:
+            for slot, proc in procs:
+                info = _ready_line(proc, f"instance manager im-{slot.index} (cpu {slot.cpu})", deadline)
+                self._link(info["address"], proc, slot)
+        except BaseException:
+            for _, proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+            raise
+
+    def adopt_all(self, addresses) -> None:
+        for address in addresses:
+            self.adopt(address)
+
+    def adopt(self, address: str) -> InstanceManagerLink:
+        """Use the instance manager serving at ``address`` (``host:port``), as a running engine may."""
+        return self._link(address, None, None)
+
+    def _link(self, address: str, proc, slot: Slot | None) -> InstanceManagerLink:
+        host, sep, port = address.rpartition(":")
+        if not sep or not port.isdigit():
+            raise EngineError(f"instance manager address {address!r} is not host:port", "OPTION")
+        try:
+            sock = socket.create_connection((host, int(port)), timeout=REPLY_TIMEOUT_S)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            cmd.send_json(sock, {"token": self.token, "role": "control", "engine": os.getpid()})
+            answer = cmd.recv_json(sock)
+        except (OSError, EngineError) as e:
+            raise EngineError(f"cannot reach the instance manager at {address}: {e}", "WORKER_START") from None
+        if not answer.get("ok"):
+            sock.close()
+            raise EngineError(f"the instance manager at {address} refused this engine: {answer.get('error')} "
+                              "(does it have this engine's token?)", "UNAUTHENTICATED")
+        sock.settimeout(None)
+        info = cmd.IMInfo(**answer["info"])
+        index = len(self.ims)
+        if slot is None:
+            slot = Slot(index, info.cpus[0], info.node or 0)
+        im = InstanceManagerLink(index, info, sock, Slot(index, slot.cpu, slot.node), proc)
+        with self.lock:
+            self.ims.append(im)
+        return im
+
+    def slots_and_topology(self) -> tuple[list[Slot], Topology]:
+        """Placement's view: one slot per live instance manager, NUMA nodes per host.
+
+        Instance managers of this host keep the machine's nodes and distances;
+        each other host is a node group of its own, far from the rest.
+        """
+        groups: dict[tuple[str, int], int] = {}
+        for im in self.ims:
+            groups.setdefault((im.info.host, im.slot.node), len(groups))
+        nodes = {k: [] for k in range(len(groups))}
+        slots = []
+        for im in self.ims:
+            if im.dead is None:
+                g = groups[(im.info.host, im.slot.node)]
+                nodes[g].append(im.index)
+                slots.append(Slot(im.index, im.index, g))
+        keys = list(groups)
+
+        def distance(a, b):
+            (ha, na), (hb, nb) = keys[a], keys[b]
+            if ha != hb:
+                return 40
+            known = na in self.machine.nodes and nb in self.machine.nodes and ha == self.host
+            return self.machine.distance(na, nb) if known else (10 if na == nb else 20)
+        return slots, Topology(nodes, [[distance(a, b) for b in range(len(keys))] for a in range(len(keys))],
+                               source="instance managers")
+
+    def load(self) -> dict[int, int]:
+        """Instances per instance manager over the live deployments."""
+        out = {im.index: 0 for im in self.ims}
+        for dep in self.deployments.values():
+            for i in dep.assignment.values():
+                out[i] += 1
+        return out
+
+    def describe(self) -> list[dict]:
+        """Every instance manager: name, address, pid, host, cpu, node and the instances it hosts."""
+        hosted: dict[int, list[str]] = {im.index: [] for im in self.ims}
+        for dep in self.deployments.values():
+            for (sq, i), im in sorted(dep.assignment.items()):
+                hosted[im].append(f"{dep.query.name}.{sq}[{i}]")
+        return [{"name": im.name, "address": im.info.address, "pid": im.info.pid,
+                 "host": im.info.address.rpartition(":")[0], "cpu": im.slot.cpu, "node": im.slot.node,
+                 "alive": im.dead is None, "instances": hosted[im.index]} for im in self.ims]
+
+    # --- requests ----------------------------------------------------------------------
+    def request_all(self, indices, make, timeout: float = REPLY_TIMEOUT_S) -> dict[int, object]:
+        """Send ``make(index, number)`` to each instance manager in ``indices``; their replies."""
+        waiting = {}
+        for i in indices:
+            im = self.ims[i]
+            if im.dead:
+                raise EngineError(im.dead, "WORKER_DIED")
+            number = next(self._numbers)
+            slot: list = []
+            with self.lock:
+                self._replies[number] = slot
+            try:
+                with im.send_lock:
+                    cmd.send_record(im.sock, make(i, number))
+            except OSError:
+                with self.lock:
+                    self._replies.pop(number, None)
+                raise EngineError(f"{im.describe()} is gone", "WORKER_DIED") from None
+            waiting[i] = (number, slot)
+        deadline = time.monotonic() + timeout
+        out = {}
+        with self.progress:
+            for i, (number, slot) in waiting.items():
+                im = self.ims[i]
+                while not slot:
+                    left = deadline - time.monotonic()
+                    if im.dead or left <= 0:
+                        for n, _ in waiting.values():
+                            self._replies.pop(n, None)
+                        if im.dead:
+                            raise EngineError(im.dead, "WORKER_DIED")
+                        raise EngineError(f"{im.describe()} did not answer within {timeout:.0f} s", "WORKER_TIMEOUT")
+                    self.progress.wait(min(left, 0.1))
+                self._replies.pop(number, None)
+                answer = slot[0]
+                if isinstance(answer, cmd.Refused):
+                    raise EngineError(answer.message, answer.code)
+                out[i] = answer.value
+        return out
+
+    def snapshots(self) -> dict[int, dict]:
+        """The metrics snapshot of every live instance manager."""
+        out = {}
+        for im in self.ims:
+            if im.dead is None:
+                try:
+                    out.update(self.request_all([im.index], lambda i, n: cmd.Metrics(n), timeout=10))
+                except EngineError:
+                    pass
+        return out
+
+    def im_metrics(self, snaps: dict[int, dict], counters: dict) -> dict[int, dict]:
+        """Per instance manager: where it runs, whether it lives, memory, bytes in/out, instances,
+        Python GC pauses."""
+        out = {}
+        for im in self.ims:
+            i = im.index
+            m = {"name": im.name, "address": im.info.address, "pid": im.info.pid, "cpu": im.slot.cpu,
+                 "node": im.slot.node, "alive": im.dead is None}
+            if im.dead:
+                m["error"] = im.dead
+            s = snaps.get(i)
+            if s is not None:
+                m.update(cpu_num=s["cpu_num"], rss_bytes=s["rss"], bytes_in=s["bytes_in"], bytes_out=s["bytes_out"],
+                         cpu_s=round(s["cpu_s"], 3), instances=sum(len(d) for d in s["deployments"].values()),
+                         gc=s["gc"], refused_connections=s["refused_connections"])
+                for k in ("cpu_s", "bytes_in", "bytes_out"):
+                    counters[("im", i, k)] = s[k]
+            out[i] = m
+        return out
+
+    # --- the collector thread ----------------------------------------------------------
+    def _collect(self) -> None:
+        while not self._closed:
+            try:
+                self._collect_loop()
+            except Exception:  # a bug here must not leave every waiter hanging: report, keep going
+                traceback.print_exc()
+                time.sleep(0.01)
+
+    def _collect_loop(self) -> None:
+        turns = 0
+        while not self._closed:
+            moved = 0
+            for dep in list(self.deployments.values()):
+                if dep.error is None:
+                    moved += dep.poll_sink()
+            turns += 1
+            if moved:
+                with self.progress:
+                    self.progress.notify_all()
+                if turns % 16:
+                    continue
+                self._events(0)
+                continue
+            self._events(0.05)
+
+    def _events(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for outputs, control records or an instance manager's death."""
+        consumers = [end for dep in list(self.deployments.values()) if dep.error is None
+                     for _, end in dep.sink.channels]
+        links = {im.sock: im for im in self.ims if im.dead is None}
+        fds = {self.sink_bell.fileno()}
+        for end in consumers:
+            if isinstance(end, RingConsumer):
+                continue
+            fds.add(end.fileno())
+        if timeout:
+            for end in consumers:
+                end.sleep_flag(True)
+            if any(end.ready() for end in consumers):
+                timeout = 0
+        try:
+            ready, _, _ = select.select([*fds, *links], [], [], timeout)
+        except (OSError, ValueError):
+            ready = []
+        finally:
+            if timeout:
+                for end in consumers:
+                    end.sleep_flag(False)
+        if self.sink_bell.fileno() in ready:
+            self.sink_bell.drain()
+        for s in ready:
+            if s in links:
+                self._records(links[s])
+
+    def _records(self, im: InstanceManagerLink) -> None:
+        try:
+            records = im.reader.read()
+        except EngineError:
+            self._died(im)
+            return
+        for record in records:
+            if isinstance(record, cmd.Failed):
+                dep = self.deployments.get(record.deployment)
+                if dep is not None:
+                    dep.fail(EngineError(record.message, record.code))
+                continue
+            with self.progress:
+                slot = self._replies.get(record.number)
+                if slot is not None:
+                    slot.append(record)
+                self.progress.notify_all()
+
+    def _died(self, im: InstanceManagerLink) -> None:
+        if im.dead is not None or self._closed:
+            return
+        code = None
+        if im.process is not None:
+            try:
+                code = im.process.wait(0.5)
+            except subprocess.TimeoutExpired:
+                pass
+        hosted = {dep.query.name: sorted(f"{sq}[{i}]" for (sq, i), at in dep.assignment.items() if at == im.index)
+                  for dep in self.deployments.values()}
+        hosted = {q: v for q, v in hosted.items() if v}
+        what = "; ".join(f"query {q}: {', '.join(v)}" for q, v in hosted.items()) or "no instances"
+        how = f"died with exit code {code}" if code is not None else "is gone (its control connection closed)"
+        im.dead = f"{im.describe()} {how}; it ran {what}"
+        for dep in self.deployments.values():
+            if dep.query.name in hosted:
+                dep.fail(EngineError(im.dead, "WORKER_DIED"))
+        with self.progress:
+            self.progress.notify_all()
+
+    def close(self) -> None:
+        """Stop the instance managers this engine started (politely, then by force), leave the others."""
+        if self._closed:
+            return
+        self._closed = True
+        for dep in list(self.deployments.values()):
+            dep.close()
+        for im in self.ims:
+            try:
+                im.sock.close()  # ours exit with --once; the others drop this engine's deployments
+            except OSError:
+                pass
+        deadline = time.monotonic() + 5
+        for im in self.ims:
+            if im.process is not None:
+                try:
+                    im.process.wait(max(0.05, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    im.process.kill()
+                    im.process.wait(2)
+                if im.process.stdout is not None:
+                    im.process.stdout.close()
+        if getattr(self, "_thread", None) is not None:
+            with self.progress:
+                self.progress.notify_all()
+            self._thread.join(5)
+        self.send_bell.close()
+        self.sink_bell.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _path(directory: str, name: str):
+    from pathlib import Path
+    return Path(directory) / name
+
+
+def _die_with_parent() -> None:
+    """In a started instance manager, before exec: SIGTERM when the engine process dies (Linux)."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _ready_line(proc: subprocess.Popen, what: str, deadline: float) -> dict:
+    """The description a started instance manager prints on its READY line."""
+    out = proc.stdout
+    line = b""
+    while not line.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            proc.kill()
+            raise EngineError(f"{what} did not start within {START_TIMEOUT_S:.0f} s", "WORKER_START")
+        ready, _, _ = select.select([out], [], [], min(left, 0.5))
+        if ready:
+            chunk = os.read(out.fileno(), 4096)
+            if not chunk:
+                code = proc.wait(5)
+                raise EngineError(f"{what} exited at start with code {code} (its error is above)", "WORKER_START")
+            line += chunk
+    text = line.decode(errors="replace").strip().splitlines()[-1]
+    if not text.startswith("READY "):
+        proc.kill()
+        raise EngineError(f"{what} printed {text!r} instead of its READY line", "WORKER_START")
+    return json.loads(text[len("READY "):])
+
+
+class RemoteDeployment(Deployment):
+    """A query whose instances run on the cluster's instance managers."""
+
+    def __init__(self, cluster: Cluster, id: str, query: Query, parallelism=1, bins: int = 128,
+                 retain: bool = True):
+        self.cluster = cluster
+        self.sink_lock = threading.Lock()
+        self.closed = False
+        super().__init__(id, query, parallelism, bins, retain)
+
+    def _connect(self) -> None:
+        cluster, layout = self.cluster, self.layout
+        slots, topology = cluster.slots_and_topology()
+        if not slots:
+            raise EngineError("no live instance manager to deploy to", "NO_WORKERS")
+        self.assignment = place(layout, slots, topology, None, cluster.load())
+        ims = cluster.ims
+        host_of = {ENGINE: cluster.host, **{ep: ims[i].info.host for ep, i in self.assignment.items()}}
+        address_of = {ENGINE: None, **{ep: ims[i].info.address for ep, i in self.assignment.items()}}
+        plans = plan_channels(layout, host_of, address_of, self.id)
+        self.hosts = sorted(set(self.assignment.values()))
+        self._inputs: dict = {}
+        self._outputs: dict = {}
+        tag = "".join(ch if ch.isalnum() else "_" for ch in self.id)
+        try:
+            for n, ((p, c), cp) in enumerate(plans.items()):  # the rings this process consumes
+                if c == ENGINE and cp.transport == SHM:
+                    path = os.path.join(cluster.dir, f"{tag}-{n}")
+                    create_ring(path, cluster.ring_bytes, cluster.sink_bell.path)
+                    self._inputs[(p, c)] = RingConsumer(path, cluster.sink_bell, copy=True)
+                    cp.address = f"shm:{path}"
+            query = cmd.pickled(self.query)
+            owners = {op: t.owners.tolist() for op, t in self.tables.items()}
+            names = {ep: ims[i].name for ep, i in self.assignment.items()}
+
+            def touching(i):
+                return {k: v for k, v in plans.items() if self.assignment.get(k[0]) == i or self.assignment.get(k[1]) == i}
+            made = {}
+            for value in cluster.request_all(self.hosts, lambda i, number: cmd.Deploy(number, cmd.DeploySpec(
+                    self.id, query, self.parallelism, self.bins, owners, names, touching(i),
+                    cluster.ring_bytes))).values():
+                made.update(value)
+            addresses = {k: cp.address for k, cp in plans.items() if cp.address} | made
+            for (p, c), cp in plans.items():  # this process's other ends
+                if p == ENGINE:
+                    self._outputs[(p, c)] = self._producer(addresses[(p, c)], cp)
+                elif c == ENGINE and cp.transport != SHM:
+                    from sparkcep.runtime.channels import tcp
+                    self._inputs[(p, c)] = tcp.connect_consumer(cp.address, cluster.token)
+            cluster.request_all(self.hosts, lambda i, number: cmd.Start(
+                number, self.id, {k: addresses[k] for k in touching(i) if k in addresses}))
+            for end in self._outputs.values():
+                if isinstance(end, RingProducer):
+                    end.map_pages()
+        except BaseException:
+            self._undeploy_parts()
+            raise
+        finally:
+            for name in os.listdir(cluster.dir):  # every end is open: the ring files can go
+                if name.startswith(tag + "-"):
+                    unlink_quietly(os.path.join(cluster.dir, name))
+        self.runners = []
+        self._source_channels = {c: self._outputs[(ENGINE, c)] for c in layout.consumers(ENGINE)}
+        self.source_router = source_router(layout, self.bins, owners, self._outputs)
+        self.sink = Sink(layout, self.logs, self.clock, {p: self._inputs[(p, ENGINE)] for p in layout.producers(ENGINE)})
+        with cluster.lock:
+            cluster.deployments[self.id] = self
+
+    def _producer(self, address: str, cp):
+        if cp.transport == SHM:
+            return RingProducer(address.partition(":")[2], self.cluster.send_bell, batches_stay=True)
+        from sparkcep.runtime.channels import tcp
+        return tcp.connect_producer(cp.address, self.cluster.token)
+
+    def placement_lines(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for (sq, i), at in sorted(self.assignment.items(), key=lambda kv: (self.layout.sq[kv[0][0]].id, kv[0][1])):
+            im = self.cluster.ims[at]
+            out.setdefault(sq, []).append(f"instance {i}: instance manager {im.name} ({im.info.address}, "
+                                          f"pid {im.info.pid}, cpu {im.slot.cpu}, node {im.slot.node})")
+        return out
+
+    # --- progress ----------------------------------------------------------------------
+    def poll_sink(self) -> int:
+        """Move what the output channels hold into the output logs (the collector thread calls it)."""
+        try:
+            with self.sink_lock:
+                return 0 if self.closed else self.sink.poll()
+        except ChannelClosed as e:
+            self.fail(EngineError(f"query {self.query.name}: an output channel broke: {e}", "WORKER_DIED"))
+        except Exception as e:  # a subscriber or a log failed: the deployment fails
+            self.fail(EngineError(f"query {self.query.name}: delivering results failed: "
+                                  f"{type(e).__name__}: {e}", "SINK"))
+        return 0
+
+    def flush(self) -> None:
+        """Wait until the channels took everything pushed (back-pressure); EngineError BACKPRESSURE_TIMEOUT
+        when an instance takes nothing for ``SEND_TIMEOUT_S`` (the engine then aborts the epoch)."""
+        for end in self._source_channels.values():
+            try:
+                end.flush_blocking(SEND_TIMEOUT_S, self.check)
+            except ChannelClosed as e:
+                self.fail(EngineError(f"query {self.query.name}: {e}", "WORKER_DIED"))
+                self.check()
+
+    def abort(self) -> None:
+        super().abort()
+        for end in self._source_channels.values():
+            end.flush()
+
+    def _run(self) -> None:
+        """Hand the epoch's progress to the channels: it fits in their control reserve once the data is in."""
+        try:
+            self.flush()
+        except EngineError as e:
+            if e.code != "BACKPRESSURE_TIMEOUT":
+                raise
+            self.fail(EngineError(f"query {self.query.name}: an instance took nothing for {SEND_TIMEOUT_S:.0f} s "
+                                  f"while an epoch was being closed; the deployment is stopped", e.code))
+            raise self.error from None
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until the outputs reflect every epoch closed so far."""
+        target = self.epoch - 1
+        limit = WAIT_TIMEOUT_S if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        with self.cluster.progress:
+            while self.sink.done_epoch < target:
+                self.check()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise EngineError(f"query {self.query.name}: outputs are at epoch {self.sink.done_epoch} of "
+                                      f"{target} after {limit:.0f} s", "WAIT_TIMEOUT")
+                self.cluster.progress.wait(min(left, 0.1))
+        self.check()
+
+    def fail(self, error: EngineError) -> None:
+        super().fail(error)
+        with self.cluster.progress:
+            self.cluster.progress.notify_all()
+
+    def check(self) -> None:
+        if self.error is None:
+            for i in self.hosts:
+                im = self.cluster.ims[i]
+                if im.dead is None and im.process is not None and im.process.poll() is not None:
+                    self.cluster._died(im)
+        super().check()
+
+    # --- state -------------------------------------------------------------------------
+    def instance_metrics(self) -> dict[Endpoint, dict]:
+        out: dict[Endpoint, dict] = {}
+        snaps = self.cluster.request_all(self.hosts, lambda i, number: cmd.Metrics(number))
+        for snap in snaps.values():
+            out.update(snap["deployments"].get(self.id, {}))
+        return out
+
+    def close(self) -> None:
+        with self.cluster.lock:
+            self.cluster.deployments.pop(self.id, None)
+        self._undeploy_parts()
+
+    def _undeploy_parts(self) -> None:
+        live = [i for i in getattr(self, "hosts", []) if self.cluster.ims[i].dead is None]
+        try:
+            self.cluster.request_all(live, lambda i, number: cmd.Undeploy(number, self.id), timeout=5)
+        except EngineError:
+            pass
+        with self.sink_lock:
+            self.closed = True
+        for end in list(self._outputs.values()) + list(self._inputs.values()):
+            end.close()
