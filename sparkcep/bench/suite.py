@@ -9,8 +9,6 @@ percentiles summarise more than a handful of closes).
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import sparkcep as cep
 from sparkcep.bench import nexmark_queries, workloads
 from sparkcep.bench.generator import UserVisits
@@ -101,8 +99,8 @@ def spark_df(name: str, latency: bool, instances: int):
                                       workloads.WINDOW_US // scale(latency))
 
 
-def describe_windows(latency: bool) -> SimpleNamespace:
-    """The windows of each workload in a run, as the report prints them."""
+def describe_windows(latency: bool) -> dict[str, str]:
+    """The window of each windowed workload in a run, as the report prints it."""
     def show(us: int) -> str:
         return f"{us / 1e6:g} s" if us >= 1_000_000 else f"{us / 1e3:g} ms"
     out = {}
@@ -110,4 +108,4 @@ def describe_windows(latency: bool) -> SimpleNamespace:
         w = windows_us(name, latency)
         if w is not None:
             out[name] = show(w[0]) if w[0] == w[1] else f"{show(w[0])} sliding by {show(w[1])}"
-    return SimpleNamespace(**out)
+    return out
