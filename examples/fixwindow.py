@@ -25,7 +25,6 @@ except ModuleNotFoundError:  # run from a source checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import sparkcep as cep
 
-import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkcep.bench import suite, workloads

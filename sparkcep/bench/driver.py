@@ -49,6 +49,7 @@ class Source(Protocol):
     :class:`~sparkcep.bench.nexmark.NexmarkSource`)."""
 
     streams: tuple[str, ...]  # the engine streams it feeds
+    ddl: dict[str, str]  # their schemas
     nominal_rate: float | None  # as fast as possible: event times at this rate (None: the send time)
 
     def prepare(self, events: int) -> None:
@@ -56,6 +57,10 @@ class Source(Protocol):
 
     def batches(self, start: int, n: int, times_us: np.ndarray) -> list[tuple[str, pa.RecordBatch]]:
         """(stream, batch) of events ``start .. start+n-1`` with event times ``times_us``."""
+
+    def flush(self, at_us: int) -> list[tuple[str, pa.RecordBatch]]:
+        """(stream, batch) of one event per stream at ``at_us`` that belongs to no result: what closes
+        the open windows of an engine without end of input (Spark's runs, :mod:`sparkcep.bench.spark`)."""
 
 
 @dataclass

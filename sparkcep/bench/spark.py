@@ -355,11 +355,6 @@ def summarize(run: SparkRun, lat: Latency) -> dict:
             "offered_rate": run.rate, "batches": len(run.batches), **latency_summary(lat)}
 
 
-def flush_batch(last_key_us: int, gen: UserVisits) -> pa.RecordBatch:
-    """One HiBench record of :data:`FLUSH_IP` one window past ``last_key_us``: it closes every window."""
-    return workloads.Records(gen).flush(last_key_us + WINDOW_S * 1_000_000)[0][1]
-
-
 def cleanup(workdir: Path) -> None:
     shutil.rmtree(workdir, ignore_errors=True)
 
