@@ -392,6 +392,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     ctx = mp.get_context("spawn")  # gRPC's threads and forked children do not mix
     batches = {"64K x 3 int64": int_batch(), "16K HiBench-like": hibench_batch()}
+    pin(0)  # first: threads started from here on (gRPC's, Arrow's) inherit the core
     with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as d:
         ready, ready_child = ctx.Pipe(False)
         server = ctx.Process(target=_flight_consumer, args=(ready_child,), daemon=True)
@@ -399,7 +400,6 @@ def main(argv=None) -> int:
         client = flight.connect(f"grpc+tcp://127.0.0.1:{ready.recv()}")
         transports = [ring_pair(ctx, d), tcp_pair(ctx, a.tcp_capacity), SocketIPC(ctx), Flight(client, False),
                       Flight(client, True), Memcpy()]
-        pin(0)
         try:
             times = {(t.name, k): [] for t in transports for k in batches}
             for t in transports:  # warm up: connections, schemas, caches

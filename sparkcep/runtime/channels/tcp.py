@@ -1,31 +1,34 @@
 """Network channels: one producer -> one consumer over a TCP connection, bounded by credit.
 
 Why Arrow IPC over a plain socket and not Arrow Flight: ``benchmarks/channels.py``
-on this machine (2 cores shared with other test runs, producer and consumer
-pinned to one core each, 5 runs of 256 MB per cell, median [min - max]):
+on this machine (2 cores shared with other engineers' runs, load average
+~20; producer and consumer processes pinned to one core each; 5 runs of
+256 MB per cell, median [min - max]; round trip of a 1-row batch, 2000 trips):
 
-====================  =====================  ======================  ==================
-transport             64K x 3 int64, GB/s    16K HiBench rows, GB/s  1-row round trip
-====================  =====================  ======================  ==================
-shared-memory ring    3.4 [1.1 - 8.9]        5.1 [2.7 - 15.3]        216 us
-IPC over a socket     0.62 [0.44 - 1.61]     0.71 [0.30 - 0.83]      63 us
-Flight DoPut          0.94 [0.63 - 1.21]     0.90 [0.53 - 1.13]      167 us
-Flight DoExchange     0.86 [0.39 - 1.09]     0.71 [0.28 - 0.88]      175 us
-numpy memcpy          42 [18 - 44]           34 [22 - 44]            —
-====================  =====================  ======================  ==================
+=====================  ===================  ===================  =================
+transport              64K x 3 int64, GB/s  16K HiBench rows     round trip median
+=====================  ===================  ===================  =================
+shared-memory ring     2.24 [2.00 - 2.47]   3.29 [2.44 - 4.49]   161 us
+IPC over a socket      0.71 [0.62 - 0.82]   0.62 [0.59 - 0.78]   23 us
+Flight DoPut           0.48 [0.45 - 0.64]   0.53 [0.49 - 0.57]   115 us
+Flight DoExchange      0.49 [0.48 - 0.68]   0.52 [0.37 - 0.56]   131 us
+this channel (4 MiB)   0.60 [0.44 - 0.79]   0.56 [0.38 - 0.70]   138 us
+numpy memcpy           17 [13 - 20]         17 [16 - 21]         —
+=====================  ===================  ===================  =================
 
-(first measurement, before this module existed; the benchmark prints this
-channel beside them.) Throughput is the same within the spread: loopback TCP
-(a kernel copy each way) is the limit of both. The round trip of Flight is
-~3x longer, and its API decides the rest: a Flight stream is a gRPC call
-served on gRPC's threads, written by blocking calls, with gRPC's own flow
-control; it offers no file descriptor to wait on together with others, no
-non-blocking write, no bound we choose, and no way to drop a waiting epoch
-or keep room for progress. Instance managers are single-threaded loops over
-many channels, so Flight would mean a thread per channel plus our protocol
-on top anyway. The library kept here is Arrow's IPC format (batches travel
-as Arrow IPC messages, decoded in place); what is ours is the small framing
-of :mod:`.records`, shared with the ring, plus acknowledgements and a hello.
+Loopback TCP (a kernel copy each way) bounds both candidates; IPC over a
+plain socket is ahead in throughput and ~5x ahead in round trip, the floor
+gRPC's framing and threads add to. The API decides the rest: a Flight
+stream is a gRPC call served on gRPC's threads, written by blocking calls
+under gRPC's own flow control; it offers no file descriptor to wait on
+beside others, no non-blocking write, no bound we choose, no way to drop
+an epoch's waiting batches or keep room for progress. Instance managers
+are single-threaded loops over many channels: Flight would mean a thread
+per channel, with our protocol on top anyway. The library kept is Arrow's
+IPC format: batches travel as Arrow IPC messages, decoded in place; ours is
+only the record framing of :mod:`.records` (shared with the ring), the
+acknowledgements and the hello. This channel's round trip is mostly
+per-message Python and Arrow work on both hops, as the ring's is.
 
 Wire: after the hello (:mod:`.hello`), the producer sends the records of
 :mod:`.records` (DATA bodies are IPC messages, a SCHEMA record before a
