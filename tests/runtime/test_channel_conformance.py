@@ -2,7 +2,7 @@
 
 Each test runs once per implementation in ``KINDS``: the shared-memory
 ring and the TCP channel. A third implementation is one more entry there:
-a picklable-by-fork description of one channel whose ``producer()`` and
+a description of one channel (forked processes inherit it) whose ``producer()`` and
 ``consumer()`` open its ends in whichever process calls them (both may block
 until the other end arrives), ``pair()`` opens both here, ``capacity`` is
 the bytes it holds at most.
