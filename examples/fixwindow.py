@@ -4,6 +4,7 @@ tumbling windows, on generated HiBench ``uservisits`` records.
     python examples/fixwindow.py                       # 3M records at 300K/s, in this process
     python examples/fixwindow.py --rate 0              # as fast as possible
     python examples/fixwindow.py --workers 2           # two instance managers
+    python examples/fixwindow.py --window 100ms        # shorter windows: more closes to measure
 
 A record's key is the time it is sent (as in HiBench), so windows are wall-
 clock aligned: a window closes when the first record of the next one arrives,
@@ -24,13 +25,13 @@ except ModuleNotFoundError:  # run from a source checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import sparkcep as cep
 
-import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkcep.bench import workloads
+from sparkcep.bench import suite, workloads
 from sparkcep.bench.driver import drive
 from sparkcep.bench.generator import UserVisits
 from sparkcep.bench.metrics import latencies, summarize
+from sparkcep.query.windows import duration_us
 
 
 def main(argv=None) -> int:
@@ -40,7 +41,9 @@ def main(argv=None) -> int:
     p.add_argument("--rate", type=float, default=300_000, help="records/s (0: as fast as possible)")
     p.add_argument("--ips", type=int, default=100_000, help="distinct source IPs")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--window", default="10s", help="window length (HiBench: 10s)")
     a = p.parse_args(argv)
+    window_us = duration_us(a.window, "--window")
 
     try:
         engine = cep.Engine.local(workers=a.workers)
@@ -48,10 +51,11 @@ def main(argv=None) -> int:
         print(f"error: {e} [{e.code}]", file=sys.stderr)
         return 2
     with engine:
-        workloads.warm_up(engine, "fixwindow", a.workers, a.ips)  # compile every worker's kernels, untimed
-        engine.deploy(workloads.query("fixwindow"), parallelism=workloads.parallelism("fixwindow", a.workers))
+        query = workloads.query("fixwindow", window_us=window_us)
+        suite.warm_up(engine, query, suite.warm_up_source("fixwindow", a.ips), a.workers)  # untimed
+        engine.deploy(query, parallelism=workloads.parallelism("fixwindow", a.workers))
         gen = UserVisits(seed=a.seed, distinct_ips=a.ips)
-        print(f"fixwindow: {a.events:,} records of {gen.record_bytes} bytes, {a.ips:,} IPs, "
+        print(f"fixwindow: {a.events:,} records of {gen.record_bytes} bytes, {a.ips:,} IPs, {a.window} windows, "
               f"rate {'max' if not a.rate else f'{a.rate:,.0f}/s'}, workers={a.workers}")
         state = {"t": 0, "sent": 0, "rows": 0}
 
@@ -65,7 +69,7 @@ def main(argv=None) -> int:
                   f"windows out {rows:>9,} (+{rows - state['rows']:,})", flush=True)
             state.update(t=now, sent=sent, rows=rows)
 
-        run = drive(engine, workloads.STREAM, "fixwindow", gen, a.events, rate=a.rate or None, tick=tick)
+        run = drive(engine, workloads.Records(gen), "fixwindow", a.events, rate=a.rate or None, tick=tick)
         res = summarize(run, latencies("fixwindow", run))
         out = engine.collect("fixwindow")
 
@@ -73,9 +77,10 @@ def main(argv=None) -> int:
           f"throughput {res['throughput']:,.0f} records/s (first send to last result)")
     print(f"{out.num_rows:,} results (window, ip) in {len(pc.unique(out.column('window_start')))} windows; "
           f"counts sum to {pc.sum(out.column('count')).as_py():,}")
-    lat = res["latency_ms"]
-    print("latency, window closed -> result out (ms): "
-          + "  ".join(f"{k} {v:.2f}" for k, v in lat.items()))
+    for what, key, n in (("per result row", "latency_ms", res["latency_samples"]),
+                         ("per window close", "close_latency_ms", res["closes"])):
+        print(f"latency, window closed -> result out (ms), {what} ({n:,}): "
+              + "  ".join(f"{k} {v:.2f}" for k, v in res[key].items()))
     top = out.sort_by([("count", "descending"), ("ip", "ascending")]).slice(0, 5)
     print("\nbusiest IPs of any window:")
     print(top.select(["window_start", "window_end", "ip", "count", "first"]).to_pandas().to_string(index=False))

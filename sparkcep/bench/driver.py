@@ -1,18 +1,27 @@
 """Open-loop input into an engine, with the timestamps latency is computed from.
 
-Open loop: the send schedule is fixed in advance by the rate and never waits
-for the engine. Batch ``j`` holds the records created in
-``[t0 + j*dt, t0 + (j+1)*dt)`` (keys spread evenly over it) and is sent as soon
-as the wall clock passes the end of that interval; if the engine is behind,
-the batch goes out late and the lateness shows up as latency, instead of
-silently lowering the offered rate (no coordinated omission). Without a rate,
-batches go out back to back and each batch's key is the wall-clock time just
-before it is sent (HiBench's key: the send time).
+A :class:`Source` makes the input: for events ``start .. start+n-1`` and
+their event times, one Arrow batch per stream (HiBench: the one stream
+``uservisits``; NEXMark: ``person``, ``auction`` and ``bid``, the ones the
+query reads). The driver sends them chunk by chunk, a *chunk* being the
+events of one interval.
 
-Every ``send`` is logged (wall-clock time before and after, first/last key,
-rows), and every output batch is logged with the wall-clock time it left the
-engine (``engine.subscribe``); :mod:`sparkcep.bench.metrics` turns the two
-logs into throughput and latency. All times are ``time.time_ns()``.
+Open loop: the send schedule is fixed in advance by the rate and never waits
+for the engine. Chunk ``j`` holds the events created in
+``[t0 + j*dt, t0 + (j+1)*dt)`` (event times spread evenly over it) and is sent
+as soon as the wall clock passes the end of that interval; if the engine is
+behind, the chunk goes out late and the lateness shows up as latency,
+instead of silently lowering the offered rate (no coordinated omission).
+Without a rate, chunks go out back to back; event times are then the
+wall-clock time just before each chunk is sent (HiBench's key: the send
+time), or, for a source with a ``nominal_rate`` (NEXMark), the generator's
+schedule at that rate.
+
+Every chunk is logged (wall-clock time before its first send and after its
+last, first/last event time, events), and every output batch is logged with
+the wall-clock time it left the engine (``engine.subscribe``);
+:mod:`sparkcep.bench.metrics` turns the two logs into throughput and
+latency. All times are ``time.time_ns()``.
 
 Before the clock starts, the objects the process holds (imports, compiled
 kernels, a Spark session) are frozen out of Python's cyclic garbage
@@ -26,36 +35,53 @@ from __future__ import annotations
 import gc
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol
 
 import numpy as np
 import pyarrow as pa
-
-from sparkcep.bench.generator import RECORD_SCHEMA, UserVisits
 
 DEFAULT_BATCH_ROWS = 65_536
 DEFAULT_BATCH_MS = 10.0
 
 
+class Source(Protocol):
+    """The input of a benchmark run (:class:`~sparkcep.bench.generator.UserVisits`,
+    :class:`~sparkcep.bench.nexmark.NexmarkSource`)."""
+
+    streams: tuple[str, ...]  # the engine streams it feeds
+    ddl: dict[str, str]  # their schemas
+    nominal_rate: float | None  # as fast as possible: event times at this rate (None: the send time)
+
+    def prepare(self, events: int) -> None:
+        """Render what a run of ``events`` sends, before the clock starts."""
+
+    def batches(self, start: int, n: int, times_us: np.ndarray) -> list[tuple[str, pa.RecordBatch]]:
+        """(stream, batch) of events ``start .. start+n-1`` with event times ``times_us``."""
+
+    def flush(self, at_us: int) -> list[tuple[str, pa.RecordBatch]]:
+        """(stream, batch) of one event per stream at ``at_us`` that belongs to no result: what closes
+        the open windows of an engine without end of input (Spark's runs, :mod:`sparkcep.bench.spark`)."""
+
+
 @dataclass
 class Run:
-    """What one driven run saw; times in ns since the epoch, keys in us since the epoch."""
+    """What one driven run saw; times in ns since the epoch, event times in us since the epoch."""
 
     events: int = 0
     t_start: int = 0                 # just before the first send
     t_end: int = 0                   # just before ``engine.end`` (end of input)
     t_done: int = 0                  # ``engine.end`` returned
-    send_t: list[int] = field(default_factory=list)      # before each send
-    send_done: list[int] = field(default_factory=list)   # after each send returned
-    send_first: list[int] = field(default_factory=list)  # first key of each batch
-    send_last: list[int] = field(default_factory=list)   # last key of each batch
-    send_rows: list[int] = field(default_factory=list)
+    send_t: list[int] = field(default_factory=list)      # before each chunk's first send
+    send_done: list[int] = field(default_factory=list)   # after each chunk's last send returned
+    send_first: list[int] = field(default_factory=list)  # first event time of each chunk
+    send_last: list[int] = field(default_factory=list)   # last event time of each chunk
+    send_rows: list[int] = field(default_factory=list)   # events of each chunk
     out_t: list[int] = field(default_factory=list)       # when each output batch left
     out: list[pa.RecordBatch] = field(default_factory=list)
     rate: float | None = None
 
     def arrays(self):
-        """(send times, first keys, last keys, rows) as numpy arrays."""
+        """(send times, first event times, last event times, events) per chunk, as numpy arrays."""
         return (np.array(self.send_t, np.int64), np.array(self.send_first, np.int64),
                 np.array(self.send_last, np.int64), np.array(self.send_rows, np.int64))
 
@@ -65,19 +91,19 @@ class Run:
 
 
 def plan_batches(rate: float | None, batch_rows: int | None, batch_ms: float) -> tuple[int, int]:
-    """(rows per batch, interval in us per batch; 0 = as fast as possible)."""
+    """(events per chunk, interval in us per chunk; 0 = as fast as possible)."""
     if rate is None or rate <= 0:
         return batch_rows or DEFAULT_BATCH_ROWS, 0
     rows = batch_rows or max(1, min(DEFAULT_BATCH_ROWS, int(round(rate * batch_ms / 1000))))
     return rows, max(1, int(round(rows * 1e6 / rate)))
 
 
-def drive(engine, stream: str, output: str, gen: UserVisits, events: int, rate: float | None = None,
+def drive(engine, source: Source, output: str, events: int, rate: float | None = None,
           batch_rows: int | None = None, batch_ms: float = DEFAULT_BATCH_MS,
           tick: Callable[[Run, int], None] | None = None, tick_s: float = 1.0,
           keep: list[str] | None = None) -> Run:
-    """Send ``events`` records of ``gen`` into ``stream`` (open loop at ``rate`` records/s, or
-    as fast as possible), then end the stream; returns the :class:`Run`.
+    """Send ``events`` events of ``source`` (open loop at ``rate`` events/s, or as fast as
+    possible), then end its streams; returns the :class:`Run`.
 
     ``tick(run, sent)`` is called about every ``tick_s`` seconds (progress
     display). Output batches are kept by reference, or only copies of their
@@ -85,7 +111,7 @@ def drive(engine, stream: str, output: str, gen: UserVisits, events: int, rate: 
     """
     run = Run(rate=rate)
     rows, dt_us = plan_batches(rate, batch_rows, batch_ms)
-    gen.values(0, min(events, gen.cycle))  # render the cached cycle before the clock starts
+    source.prepare(events)
 
     def on_output(batch: pa.RecordBatch) -> None:
         run.out_t.append(time.time_ns())
@@ -109,14 +135,16 @@ def drive(engine, stream: str, output: str, gen: UserVisits, events: int, rate: 
             wait = due - time.time_ns()
             if wait > 0:
                 time.sleep(wait / 1e9)
-        t = time.time_ns()
-        if not dt_us:
-            last_key = max(t // 1000, last_key + 1)
+        elif source.nominal_rate:
+            keys = t0_us + (np.arange(sent, sent + n, dtype=np.float64) * (1e6 / source.nominal_rate)).astype(np.int64)
+        else:
+            last_key = max(time.time_ns() // 1000, last_key + 1)
             keys = np.full(n, last_key, np.int64)
-        batch = pa.RecordBatch.from_arrays([pa.array(keys, pa.timestamp("us")), gen.values(sent, n)],
-                                           schema=RECORD_SCHEMA)
+        parts = source.batches(sent, n, keys)
         run.send_t.append(time.time_ns())
-        engine.send(stream, batch)
+        for stream, batch in parts:
+            if batch.num_rows:
+                engine.send(stream, batch)
         done = time.time_ns()
         run.send_done.append(done)
         run.send_first.append(int(keys[0]))
@@ -129,7 +157,8 @@ def drive(engine, stream: str, output: str, gen: UserVisits, events: int, rate: 
             next_tick = done + int(tick_s * 1e9)
     run.events = sent
     run.t_end = time.time_ns()
-    engine.end(stream)
+    for stream in source.streams:
+        engine.end(stream)
     run.t_done = time.time_ns()
     if tick is not None:
         tick(run, sent)

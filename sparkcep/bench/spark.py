@@ -1,32 +1,29 @@
-"""The four HiBench workloads on Spark Structured Streaming, on the same records.
+"""Spark Structured Streaming runs of the benchmark workloads, on the records sparkcep gets.
 
-Input is a directory of Parquet files ``(key timestamp, value string)``
-written by :func:`write_files` (or, while a run is live, by
-:class:`FileFeeder` at the offered rate: a file per interval, written under a
-hidden name and renamed into place, so its arrival time is the rename).
-Each query ends in the ``noop`` sink; what left when is read from Spark's own
-records: the query's progress events (batch start and duration, event-time
-watermark, rows in and out) and the file source's log in the checkpoint
-(which files each micro-batch read).
+Input is a directory of Parquet files per stream, written from the same
+driver source (:class:`sparkcep.bench.driver.Source`) sparkcep is fed from:
+all at once before the query starts when there is no rate (Spark reads them
+as fast as it can), else by :class:`FileFeeder` at the offered rate, one file
+per stream per interval (a *chunk*), written under a hidden name and renamed
+into place, so its arrival time is the rename. The queries are
+:mod:`sparkcep.bench.spark_queries`. Windows still open at the end of input
+are closed by a flush record per stream one window past the last event
+(the sources' ``flush``), as sparkcep closes them with ``end``.
 
-* identity — ``select(key, value)``, append mode;
-* repartition — ``repartition(N)``, append mode;
-* wordcount — ``groupBy(ip).count()``, update mode (HiBench's
-  ``StructuredWordCount`` uses complete mode, which re-emits every IP every
-  batch; update mode is the running count sparkcep emits);
-* fixwindow — ``withWatermark(key, 0 s).groupBy(window(key, 10 s), ip)
-  .agg(count, min(key))``, append mode: a window leaves once, when the
-  watermark passes its end, as in sparkcep.
+What left when is read from Spark's own records: the query's progress
+events (batch start and duration, rows in and out, the watermark) and the
+file source's log in the checkpoint (which files each micro-batch read).
+Throughput runs end in the ``noop`` sink. Latency, at Spark's granularity
+(a row leaves when its micro-batch ends):
 
-Latency, as in :mod:`sparkcep.bench.metrics` but at Spark's granularity: a
-row leaves when its micro-batch ends (progress ``timestamp`` +
-``triggerExecution``); stateless rows and running counts are measured per
-input record from its file's arrival; a window from the arrival of the file
-holding its closing record (the first with key >= window end) to the end of
-the first batch whose watermark has reached the window end. Open windows at
-the end of input are closed by a final file holding one record of a
-reserved IP (``0.0.0.0``) 10 s past the last key, as sparkcep closes them
-with ``end``.
+* records and running counts — per input record, from its file's arrival
+  to the end of the micro-batch that read it;
+* windows (fixwindow, NEXMark) — the latency runs end in a ``foreachBatch``
+  sink that counts each batch's rows per ``window_end`` as the batch ends;
+  a row's latency runs from the arrival of the chunk that closed its window
+  (the first whose last event time is at or past ``window_end``; the flush
+  for windows open at the end) to the end of the batch that emitted it, and
+  a close's from that arrival to its last row out (:mod:`sparkcep.bench.metrics`).
 """
 
 from __future__ import annotations
@@ -46,10 +43,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sparkcep.bench.generator import RECORD_SCHEMA, UserVisits
+from sparkcep.bench import workloads
+from sparkcep.bench.generator import UserVisits
+from sparkcep.bench.metrics import Latency, per_close
+from sparkcep.bench.spark_queries import hibench_df
 
-FLUSH_IP = "0.0.0.0"
-WINDOW_S = 10
+FLUSH_IP = workloads.FLUSH_IP
+WINDOW_S = workloads.WINDOW_US // 1_000_000  # HiBench fixwindow's window
+_SPARK_TYPES = {"int64": "bigint", "int32": "int", "float64": "double", "float32": "float", "bool": "boolean",
+                "string": "string", "timestamp": "timestamp"}
 
 
 def session(app: str = "sparkcep-bench"):
@@ -58,6 +60,7 @@ def session(app: str = "sparkcep-bench"):
     return (SparkSession.builder.master("local[2]").appName(app)
             .config("spark.ui.enabled", "false")
             .config("spark.sql.shuffle.partitions", "2")
+            .config("spark.sql.session.timeZone", "UTC")
             .config("spark.sql.streaming.numRecentProgressUpdates", "100000")
             .config("spark.sql.streaming.noDataMicroBatches.enabled", "true")
             .config("spark.driver.memory", "2g")
@@ -66,36 +69,29 @@ def session(app: str = "sparkcep-bench"):
 
 
 def workload_df(spark, workload: str, source, instances: int = 2):
-    """The streaming DataFrame of ``workload`` over ``source`` (a DataFrame of key, value)."""
-    from pyspark.sql import functions as F
-    if workload == "identity":
-        return source.select("key", "value"), "append"
-    if workload == "repartition":
-        return source.repartition(instances), "append"
-    ip = F.substring_index(F.col("value"), ",", 1).alias("ip")
-    if workload == "wordcount":
-        return source.select(ip).groupBy("ip").count(), "update"
-    if workload == "fixwindow":
-        rows = source.select(ip, F.col("key")).withWatermark("key", "0 seconds")
-        agg = rows.groupBy(F.window("key", f"{WINDOW_S} seconds"), "ip").agg(
-            F.count(F.lit(1)).alias("count"), F.min("key").alias("first"))
-        return agg.select(F.col("window.start").alias("window_start"), F.col("window.end").alias("window_end"),
-                          "ip", "count", "first"), "append"
-    raise ValueError(f"unknown workload {workload!r}")
+    """HiBench ``workload`` over ``source`` (key, value), HiBench's 10 s windows: (DataFrame, mode)."""
+    return hibench_df(workload, source, instances)
 
 
-def to_dataframe(spark, batch: pa.RecordBatch):
-    """A (static) Spark DataFrame of generated records."""
-    return spark.createDataFrame(pa.Table.from_batches([batch]).to_pandas())
+def spark_ddl(ddl: str) -> str:
+    """A sparkcep DDL schema in Spark's type names."""
+    fields = [f.split() for f in ddl.split(",")]
+    return ", ".join(f"{name} {_SPARK_TYPES[t]}" for name, t in fields)
 
 
+# --- input files ---------------------------------------------------------------------------
 @dataclass
 class FileLog:
-    """Files written into the input directory: name -> (arrival ns, rows, first key, last key)."""
+    """Chunks written into the input directories, in order."""
 
-    files: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)
-    flush: str | None = None
-    keys: list[np.ndarray] = field(default_factory=list)  # every data row's key, in row order
+    arrival: list[int] = field(default_factory=list)     # ns, the chunk's first file renamed into place
+    rows: list[int] = field(default_factory=list)        # events of the chunk
+    first: list[int] = field(default_factory=list)       # first event time (us)
+    last: list[int] = field(default_factory=list)        # last event time (us)
+    chunk_of: dict[str, int] = field(default_factory=dict)  # file name -> chunk
+    flush: int = 0                                       # ns, the flush files renamed into place
+    flush_files: set[str] = field(default_factory=set)
+    files: int = 0                                       # rows written, flush included
 
 
 def _write(directory: Path, name: str, batch: pa.RecordBatch) -> int:
@@ -105,39 +101,60 @@ def _write(directory: Path, name: str, batch: pa.RecordBatch) -> int:
     return time.time_ns()
 
 
-def flush_batch(last_key_us: int, gen: UserVisits) -> pa.RecordBatch:
-    """One record of the reserved IP, one window past ``last_key_us``: closes every open window."""
-    value = FLUSH_IP + gen.values(0, 1)[0].as_py()[len(gen.source_ips(0, 1)[0].as_py()):]
-    return pa.RecordBatch.from_arrays([pa.array([last_key_us + WINDOW_S * 1_000_000], pa.timestamp("us")),
-                                       pa.array([value])], schema=RECORD_SCHEMA)
+def write_chunk(dirs: dict[str, Path], log: FileLog, name: str, parts, keys: np.ndarray) -> None:
+    """Write one chunk (``parts``: (stream, batch) pairs) as file ``name`` of each stream."""
+    arrival = None
+    for stream, batch in parts:
+        if batch.num_rows:
+            t = _write(dirs[stream], name, batch)
+            arrival = arrival or t
+            log.chunk_of[f"{stream}/{name}"] = len(log.arrival)
+            log.files += batch.num_rows
+    log.arrival.append(arrival or time.time_ns())
+    log.rows.append(len(keys))
+    log.first.append(int(keys[0]))
+    log.last.append(int(keys[-1]))
 
 
-def write_files(directory: Path, gen: UserVisits, events: int, start_us: int, rate: float,
-                rows_per_file: int = 262_144, log: FileLog | None = None) -> FileLog:
-    """All ``events`` records at once (keys spaced for ``rate``), plus the closing flush file."""
-    log = log or FileLog()
-    directory.mkdir(parents=True, exist_ok=True)
-    last = start_us
+def write_flush(dirs: dict[str, Path], log: FileLog, source, gap_us: int) -> None:
+    """The records that close every open window: one per stream, ``gap_us`` past the last event."""
+    name = f"part-{len(log.arrival):06d}.parquet"
+    for stream, batch in source.flush(log.last[-1] + gap_us):
+        arrival = _write(dirs[stream], name, batch)
+        log.flush = log.flush or arrival
+        log.flush_files.add(f"{stream}/{name}")
+        log.files += batch.num_rows
+
+
+def write_input(dirs: dict[str, Path], source, events: int, start_us: int, rate: float, gap_us: int,
+                rows_per_file: int = 262_144) -> FileLog:
+    """All ``events`` of ``source`` at once (event times spaced for ``rate``), then the flush."""
+    log = FileLog()
+    for d in dirs.values():
+        d.mkdir(parents=True, exist_ok=True)
+    source.prepare(events)
     for i, start in enumerate(range(0, events, rows_per_file)):
         n = min(rows_per_file, events - start)
-        b = gen.records(start, n, start_us=start_us, rate=rate)
-        keys = b.column("key").cast(pa.int64()).to_numpy()
-        name = f"part-{i:06d}.parquet"
-        log.files[name] = (_write(directory, name, b), n, int(keys[0]), int(keys[-1]))
-        log.keys.append(keys)
-        last = int(keys[-1])
-    log.flush = f"part-{len(log.files):06d}.parquet"
-    log.files[log.flush] = (_write(directory, log.flush, flush_batch(last, gen)), 1, last + WINDOW_S * 10**6,
-                            last + WINDOW_S * 10**6)
+        keys = start_us + (np.arange(start, start + n, dtype=np.float64) * (1e6 / rate)).astype(np.int64)
+        write_chunk(dirs, log, f"part-{i:06d}.parquet", source.batches(start, n, keys), keys)
+    write_flush(dirs, log, source, gap_us)
     return log
 
 
-class FileFeeder(threading.Thread):
-    """Writes the records due in each ``interval_s`` as one file, open loop at ``rate``."""
+def write_files(directory: Path, gen: UserVisits, events: int, start_us: int, rate: float,
+                rows_per_file: int = 262_144) -> FileLog:
+    """HiBench records into one directory, then one record of :data:`FLUSH_IP` one window past the last."""
+    return write_input({workloads.STREAM: directory}, workloads.Records(gen), events, start_us, rate,
+                       WINDOW_S * 1_000_000, rows_per_file)
 
-    def __init__(self, directory: Path, gen: UserVisits, events: int, rate: float, interval_s: float = 0.2):
+
+class FileFeeder(threading.Thread):
+    """Writes the events due in each ``interval_s`` as one chunk, open loop at ``rate``, then the flush."""
+
+    def __init__(self, dirs: dict[str, Path], source, events: int, rate: float, gap_us: int,
+                 interval_s: float = 0.2):
         super().__init__(daemon=True)
-        self.directory, self.gen, self.events, self.rate = directory, gen, events, rate
+        self.dirs, self.source, self.events, self.rate, self.gap_us = dirs, source, events, rate, gap_us
         self.interval_s = interval_s
         self.log = FileLog()
         self.error: BaseException | None = None
@@ -149,43 +166,121 @@ class FileFeeder(threading.Thread):
             dt_us = int(round(rows * 1e6 / self.rate))
             self.start_ns = time.time_ns()
             t0 = self.start_ns // 1000
-            sent, j, last = 0, 0, t0
+            sent, j = 0, 0
             while sent < self.events:
                 n = min(rows, self.events - sent)
                 base = t0 + j * dt_us
                 keys = base + (np.arange(n, dtype=np.int64) * dt_us) // rows
+                parts = self.source.batches(sent, n, keys)
                 wait = (base + dt_us) * 1000 - time.time_ns()
                 if wait > 0:
                     time.sleep(wait / 1e9)
-                b = pa.RecordBatch.from_arrays([pa.array(keys, pa.timestamp("us")), self.gen.values(sent, n)],
-                                               schema=RECORD_SCHEMA)
-                name = f"part-{j:06d}.parquet"
-                self.log.files[name] = (_write(self.directory, name, b), n, int(keys[0]), int(keys[-1]))
-                self.log.keys.append(keys)
-                last = int(keys[-1])
+                write_chunk(self.dirs, self.log, f"part-{j:06d}.parquet", parts, keys)
                 sent += n
                 j += 1
-            self.log.flush = f"part-{j:06d}.parquet"
-            fb = flush_batch(last, self.gen)
-            self.log.files[self.log.flush] = (_write(self.directory, self.log.flush, fb), 1,
-                                              last + WINDOW_S * 10**6, last + WINDOW_S * 10**6)
+            write_flush(self.dirs, self.log, self.source, self.gap_us)
         except BaseException as e:  # reported by the caller
             self.error = e
 
 
+# --- running a query ----------------------------------------------------------------------------
+class WindowRecorder:
+    """A ``foreachBatch`` sink: per micro-batch, when it ended and its rows per ``window_end`` (us)."""
+
+    def __init__(self):
+        self.log: list[tuple[int, dict[int, int]]] = []
+
+    def __call__(self, df, batch_id) -> None:
+        from pyspark.sql import functions as F
+        counts = df.groupBy(F.unix_micros("window_end").alias("e")).count().collect()
+        self.log.append((time.time_ns(), {int(r["e"]): int(r["count"]) for r in counts}))
+
+
+@dataclass
+class SparkRun:
+    workload: str
+    events: int
+    t_start: int
+    batches: list[dict]          # progress events, in order
+    files: dict[str, int]        # "stream/file" -> batch id
+    log: FileLog
+    rate: float | None = None
+    windowed: bool = False
+    windows: list[tuple[int, dict[int, int]]] | None = None  # latency runs of windowed workloads
+
+
+def run_query(spark, workload: str, df_of, source, events: int, rate: float | None, workdir: Path,
+              gap_us: int, windowed: bool, timeout_s: float = 900.0, progress=None) -> SparkRun:
+    """Run one query on Spark over ``events`` events of ``source``: pre-written files when ``rate`` is
+    None (as fast as Spark reads them), else fed at ``rate`` while the query runs.
+
+    ``df_of(streams)`` builds (DataFrame, output mode) from {stream: streaming DataFrame};
+    ``gap_us``: how far past the last event the flush goes (a window); ``windowed``: the
+    query emits windows (it is done once the watermark passes the last event, and its
+    latency runs record their rows per window).
+    """
+    inp, ckpt = workdir / "input", workdir / "checkpoint"
+    for d in (inp, ckpt):
+        shutil.rmtree(d, ignore_errors=True)
+    dirs = {s: inp / s for s in source.streams}
+    for d in dirs.values():
+        d.mkdir(parents=True)
+    source.prepare(events)
+    feeder = None
+    if rate is None:
+        log = write_input(dirs, source, events, time.time_ns() // 1000, source.nominal_rate or 1e6, gap_us)
+    streams = {s: spark.readStream.schema(spark_ddl(source.ddl[s])).parquet(str(d)) for s, d in dirs.items()}
+    df, mode = df_of(streams)
+    recorder = WindowRecorder() if windowed and rate is not None else None
+    writer = df.writeStream.outputMode(mode).option("checkpointLocation", str(ckpt))
+    writer = writer.foreachBatch(recorder) if recorder is not None else writer.format("noop")
+    gc.freeze()  # as the sparkcep driver does (:mod:`sparkcep.bench.driver`): no full collection pauses the feeder
+    t_start = time.time_ns()
+    q = writer.queryName(f"bench_{workload}_{os.getpid()}_{t_start}").start()
+    if rate is not None:
+        feeder = FileFeeder(dirs, source, events, rate, gap_us)
+        feeder.start()
+        log = feeder.log
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            if feeder is not None and feeder.error is not None:
+                raise feeder.error
+            ex = q.exception()
+            if ex is not None:
+                raise RuntimeError(f"Spark query {workload} failed: {ex}")
+            done = [_as_dict(p) for p in q.recentProgress]
+            done_rows = sum(p["numInputRows"] for p in done)
+            if progress is not None:
+                progress(min(done_rows, events))
+            if (feeder is None or not feeder.is_alive()) and log.flush and done_rows >= log.files:
+                if not windowed or _watermark_passed(done, max(log.last)):
+                    break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"Spark {workload}: {done_rows} of {log.files} rows after {timeout_s:.0f} s")
+            time.sleep(0.05)
+    finally:
+        q.stop()
+    if feeder is not None:
+        feeder.join()
+        t_start = feeder.start_ns
+    return SparkRun(workload, events, t_start, [_as_dict(p) for p in q.recentProgress], batch_files(ckpt), log,
+                    rate, windowed, recorder.log if recorder is not None else None)
+
+
 def batch_files(checkpoint: Path) -> dict[str, int]:
-    """File name -> micro-batch id, from the file source's log in the checkpoint."""
+    """"stream/file" -> micro-batch id, from the file sources' logs in the checkpoint."""
     out: dict[str, int] = {}
-    d = checkpoint / "sources" / "0"
-    if not d.exists():
-        return out
-    for f in sorted(d.iterdir()):
-        if f.name.startswith("."):
-            continue
-        for line in f.read_text().splitlines()[1:]:
-            if line.strip():
-                e = json.loads(line)
-                out[Path(e["path"]).name] = int(e["batchId"])
+    root = checkpoint / "sources"
+    for d in sorted(root.iterdir()) if root.exists() else []:
+        for f in sorted(d.iterdir()):
+            if f.name.startswith("."):
+                continue
+            for line in f.read_text().splitlines()[1:]:
+                if line.strip():
+                    e = json.loads(line)
+                    path = Path(e["path"])
+                    out[f"{path.parent.name}/{path.name}"] = int(e["batchId"])
     return out
 
 
@@ -199,79 +294,8 @@ def _watermark_us(p: dict) -> int | None:
     return None if w is None else _ts_ns(w) // 1000
 
 
-@dataclass
-class SparkRun:
-    workload: str
-    events: int
-    t_start: int
-    batches: list[dict]          # progress events, in order
-    files: dict[str, int]        # file -> batch id
-    log: FileLog
-    rate: float | None = None
-    window_rows: dict[int, int] = field(default_factory=dict)  # fixwindow: window end (us) -> result rows
-
-
-def run_query(spark, workload: str, gen: UserVisits, events: int, rate: float | None, workdir: Path,
-              instances: int = 2, timeout_s: float = 600.0, progress=None) -> SparkRun:
-    """Run ``workload`` on Spark over ``events`` records: pre-written files when ``rate`` is None
-    (as fast as Spark reads them), else fed at ``rate`` while the query runs."""
-    inp, ckpt = workdir / "input", workdir / "checkpoint"
-    for d in (inp, ckpt):
-        shutil.rmtree(d, ignore_errors=True)
-    inp.mkdir(parents=True)
-    gen.values(0, min(events, gen.cycle))  # render the cached cycle before the clock starts
-    feeder = None
-    if rate is None:
-        log = write_files(inp, gen, events, start_us=time.time_ns() // 1000, rate=1e6)
-    else:
-        log = FileLog()
-    source = spark.readStream.schema(_spark_schema()).parquet(str(inp))
-    df, mode = workload_df(spark, workload, source, instances)
-    gc.freeze()  # as the sparkcep driver does (:mod:`sparkcep.bench.driver`): no full collection pauses the feeder
-    t_start = time.time_ns()
-    q = (df.writeStream.format("noop").outputMode(mode).option("checkpointLocation", str(ckpt))
-         .queryName(f"bench_{workload}_{os.getpid()}_{t_start}").start())
-    if rate is not None:
-        feeder = FileFeeder(inp, gen, events, rate)
-        feeder.start()
-        log = feeder.log
-    expected = events + 1
-    deadline = time.monotonic() + timeout_s
-    try:
-        while True:
-            if feeder is not None and feeder.error is not None:
-                raise feeder.error
-            ex = q.exception()
-            if ex is not None:
-                raise RuntimeError(f"Spark query {workload} failed: {ex}")
-            done_rows = sum(_as_dict(p)["numInputRows"] for p in q.recentProgress)
-            if progress is not None:
-                progress(min(done_rows, events))
-            if done_rows >= expected and (feeder is None or not feeder.is_alive()):
-                if workload != "fixwindow" or _windows_flushed([_as_dict(p) for p in q.recentProgress], log):
-                    break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"Spark {workload}: {done_rows} of {expected} rows after {timeout_s:.0f} s")
-            time.sleep(0.05)
-    finally:
-        q.stop()
-    if feeder is not None:
-        feeder.join()
-        t_start = feeder.start_ns
-    batches = [_as_dict(p) for p in q.recentProgress]
-    run = SparkRun(workload, events, t_start, batches, batch_files(ckpt), log, rate)
-    if workload == "fixwindow":
-        run.window_rows = window_rows(np.concatenate(log.keys), gen.ip_index(0, events))
-    return run
-
-
-def window_rows(keys_us: np.ndarray, ip_index: np.ndarray) -> dict[int, int]:
-    """Window end (us) -> distinct IPs in that 10 s window: the rows fixwindow emits for it."""
-    w_us = WINDOW_S * 1_000_000
-    ends = (keys_us // w_us + 1) * w_us
-    pairs = np.unique(np.stack([ends, ip_index]), axis=1)
-    e, n = np.unique(pairs[0], return_counts=True)
-    return dict(zip(e.tolist(), n.tolist()))
+def _watermark_passed(progress: list[dict], last_us: int) -> bool:
+    return any((w := _watermark_us(p)) is not None and w > last_us for p in progress)
 
 
 def _as_dict(p) -> dict:
@@ -282,66 +306,53 @@ def _as_dict(p) -> dict:
     return json.loads(json.dumps(dict(p), default=str))
 
 
-def _windows_flushed(progress: list[dict], log: FileLog) -> bool:
-    if log.flush is None:
-        return False
-    last_data = max(v[3] for k, v in log.files.items() if k != log.flush)
-    wm = [_watermark_us(p) for p in progress]
-    return any(w is not None and w > last_data for w in wm)
+def _batch_end(p: dict) -> int:
+    return _ts_ns(p["timestamp"]) + int(p["durationMs"].get("triggerExecution", 0)) * 1_000_000
 
 
-def _spark_schema():
-    from pyspark.sql.types import StringType, StructField, StructType, TimestampType
-    return StructType([StructField("key", TimestampType()), StructField("value", StringType())])
-
-
-def latencies(run: SparkRun) -> tuple[np.ndarray, np.ndarray]:
-    """(latency ns, time out ns) per output row (stateless, wordcount: per input record)."""
-    ends, wms = {}, {}
-    for p in run.batches:
-        b = int(p["batchId"])
-        ends[b] = _ts_ns(p["timestamp"]) + int(p["durationMs"].get("triggerExecution", 0)) * 1_000_000
-        wms[b] = _watermark_us(p)
+# --- latency and throughput -------------------------------------------------------------------
+def latencies(run: SparkRun) -> Latency:
+    """Per input record (records, running counts) or per result row and window close (windows; none
+    in a throughput run, which does not record its windows)."""
+    log = run.log
+    if run.windowed:
+        lasts, arrivals = np.array(log.last, np.int64), np.array(log.arrival, np.int64)
+        rows, when, ends = [], [], []
+        for t_out, counts in run.windows or []:
+            for end, n in counts.items():
+                k = int(np.searchsorted(lasts, end, side="left"))
+                arrival = arrivals[k] if k < len(lasts) else log.flush
+                rows.append(np.full(n, t_out - arrival, np.int64))
+                when.append(np.full(n, t_out, np.int64))
+                ends.append(np.full(n, end, np.int64))
+        if not rows:
+            return Latency(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+        lat = np.concatenate(rows)
+        return Latency(lat, np.concatenate(when), per_close(np.concatenate(ends), lat))
+    ends = {int(p["batchId"]): _batch_end(p) for p in run.batches}
     lat, when = [], []
-    if run.workload != "fixwindow":
-        for name, batch in run.files.items():
-            if name == run.log.flush or name not in run.log.files or batch not in ends:
-                continue
-            arrival, rows, _, _ = run.log.files[name]
-            lat.append(np.full(rows, ends[batch] - arrival, np.int64))
-            when.append(np.full(rows, ends[batch], np.int64))
-    else:
-        # windows, one per (window end, ip): rows per window end from the data's keys
-        data = sorted((v[2], v[3], v[0]) for k, v in run.log.files.items() if k != run.log.flush)
-        lasts = np.array([d[1] for d in data], np.int64)
-        arrivals = np.array([d[2] for d in data], np.int64)
-        flush = run.log.files[run.log.flush][0]
-        first_key, last_key = data[0][0], data[-1][1]
-        w_us = WINDOW_S * 1_000_000
-        order = sorted(b for b in ends if wms.get(b) is not None)
-        for wend in range((first_key // w_us + 1) * w_us, (last_key // w_us + 2) * w_us, w_us):
-            k = int(np.searchsorted(lasts, wend, side="left"))
-            arrival = arrivals[k] if k < len(lasts) else flush
-            out_b = next((b for b in order if wms[b] >= wend), None)
-            if out_b is None:
-                continue
-            n = run.window_rows.get(wend, 0)
-            lat.append(np.full(n, ends[out_b] - arrival, np.int64))
-            when.append(np.full(n, ends[out_b], np.int64))
+    for name, batch in run.files.items():
+        chunk = log.chunk_of.get(name)
+        if chunk is None or batch not in ends:  # the flush, or a file read after the run
+            continue
+        lat.append(np.full(log.rows[chunk], ends[batch] - log.arrival[chunk], np.int64))
+        when.append(np.full(log.rows[chunk], ends[batch], np.int64))
     if not lat:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    return np.concatenate(lat), np.concatenate(when)
+        return Latency(np.zeros(0, np.int64), np.zeros(0, np.int64))
+    return Latency(np.concatenate(lat), np.concatenate(when))
 
 
-def summarize(run: SparkRun, lat) -> dict:
-    from sparkcep.bench.metrics import percentiles_ms
-    last_end = max((_ts_ns(p["timestamp"]) + int(p["durationMs"].get("triggerExecution", 0)) * 1_000_000
-                    for p in run.batches if p["numInputRows"] > 0), default=run.t_start)
+def summarize(run: SparkRun, lat: Latency) -> dict:
+    """Throughput (events over first file to last result out), latency percentiles and counts."""
+    from sparkcep.bench.metrics import latency_summary
+    out_rows = sum(sum(c.values()) for _, c in run.windows) if run.windows is not None else \
+        int(sum((p.get("sink") or {}).get("numOutputRows", 0) or 0 for p in run.batches))
+    busy = [p for p in run.batches if p["numInputRows"] > 0 or ((p.get("sink") or {}).get("numOutputRows") or 0) > 0]
+    last_end = max([_batch_end(p) for p in busy] + [t for t, _ in run.windows or []], default=run.t_start)
     elapsed = (last_end - run.t_start) / 1e9
-    return {"events": run.events, "output_rows": int(sum(p.get("sink", {}).get("numOutputRows", 0) or 0
-                                                         for p in run.batches)),
-            "seconds": elapsed, "throughput": run.events / elapsed if elapsed > 0 else float("nan"),
-            "offered_rate": run.rate, "batches": len(run.batches), "latency_ms": percentiles_ms(lat[0])}
+    return {"events": run.events, "output_rows": out_rows, "seconds": elapsed,
+            "throughput": run.events / elapsed if elapsed > 0 else float("nan"),
+            "offered_rate": run.rate, "batches": len(run.batches), **latency_summary(lat)}
 
 
 def cleanup(workdir: Path) -> None:

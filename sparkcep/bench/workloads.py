@@ -1,30 +1,30 @@
 """The four HiBench streaming workloads as sparkcep queries.
 
 Every query reads the stream ``uservisits`` of HiBench records
-(``key timestamp, value string``, see :mod:`sparkcep.bench.generator`).
+(``key timestamp, value string``, see :mod:`sparkcep.bench.generator`) and is
+written with the engine's public operators only.
 
 * **identity** — a map with the same fields in and out (as in the UPM-CEP
   paper): every record leaves unchanged.
 * **repartition** — the same map deployed as N instances; the planner puts a
   round-robin balancer in front of a stateless sub-query, so records are
   spread round-robin over the N instances (HiBench: ``repartition(N)``).
-* **wordcount** — the running count of records per source IP. A running
-  count never expires, so it is *not* a windowed aggregate: ``TupleWindow(1)``
-  per IP would emit 1 for every record, a sliding ``TupleWindow(n, 1)`` counts
-  only the last n records, and one huge ``TimeWindow`` would emit only at the
-  end of input. It is the engine's keyed stateful operator
-  (:class:`RunningCount`, state per bin, so it routes, migrates and
-  replicates like any stateful operator) and it emits, for every IP present
-  in a consumed batch, one row with the IP's count so far — Spark Structured
-  Streaming's ``groupBy(ip).count()`` in ``update`` output mode, with the
-  engine's input batch in place of Spark's micro-batch. Its final counts
-  equal HiBench's ``mapWithState`` counts.
-* **fixwindow** — count and minimum record time per IP over 10 s tumbling
+* **wordcount** — the running count of records per source IP:
+  ``aggregate(cep.Running(), by="ip", count=cep.count())``, which emits,
+  after each batch it consumes, one row per IP of the batch with the IP's
+  count so far — Spark Structured Streaming's ``groupBy(ip).count()`` in
+  ``update`` output mode; its last row per IP is HiBench's ``mapWithState``
+  count.
+* **wordcount_tuples** — UPM-CEP §7's wordcount: an aggregate with a
+  tuple-count window grouped by the word (the IP): a row per
+  :data:`TUPLE_WINDOW` records of an IP, their count. Spark Structured
+  Streaming has no count window: no Spark peer.
+* **fixwindow** — count and minimum record time per IP over tumbling
   event-time windows (HiBench ``FixWindow``: ``reduceByKey`` of
   ``(min time, count)`` over ``window(10 s, 10 s)``).
 
-Parsing the IP out of the value (HiBench's ``UserVisitParser``) is a user
-``apply`` over whole batches (:func:`sparkcep.bench.kernels.parse_ip`).
+The IP is parsed out of the value as HiBench's ``UserVisitParser`` does, by
+the expression ``col("value").split_part(",", 1)``.
 """
 
 from __future__ import annotations
@@ -33,71 +33,66 @@ import numpy as np
 import pyarrow as pa
 
 import sparkcep as cep
-from sparkcep.bench.generator import RECORD_DDL
-from sparkcep.bench.kernels import count_table, parse_ip, running_count
-from sparkcep.core import columns
-from sparkcep.core.hashing import hash_words
+from sparkcep.bench.generator import RECORD_DDL, RECORD_SCHEMA, UserVisits
+from sparkcep.query.expressions import Expr
 
 STREAM = "uservisits"
-WORKLOADS = ("identity", "repartition", "wordcount", "fixwindow")
-WINDOW = "10s"
-HIDDEN_PREFIX = "__"
+WORKLOADS = ("identity", "repartition", "wordcount", "wordcount_tuples", "fixwindow")
+NO_SPARK_PEER = ("wordcount_tuples",)
+FLUSH_IP = "0.0.0.0"  # the reserved IP of the record that closes Spark's last windows (:meth:`Records.flush`)
+WINDOW_US = 10_000_000  # HiBench's fixwindow window (hibench.streambench.fixWindowDuration)
+TUPLE_WINDOW = 10  # records of one IP per wordcount_tuples row (2M records of 100K IPs: 20 per IP)
 
 
-def _ip_and_key(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """Map ``(key, value)`` to ``(ip, key)``, keeping the engine's hidden columns."""
-    names = ["ip", "key"] + [n for n in batch.schema.names if n.startswith(HIDDEN_PREFIX)]
-    cols = [parse_ip(batch.column("value")), batch.column("key")]
-    cols += [batch.column(n) for n in names[2:]]
-    return pa.RecordBatch.from_arrays(cols, names=names)
+def source_ip() -> Expr:
+    """HiBench's ``UserVisitParser``: the source IP, the value's first comma-separated field."""
+    return cep.col("value").split_part(",", 1)
 
 
-class RunningCount(cep.StatefulOperator):
-    """The running count of tuples per ``ip``; one row per IP in each consumed batch.
-
-    State: one :func:`~sparkcep.bench.kernels.count_table` over all bins of
-    the instance (exact: keys are compared byte by byte, not only by hash);
-    :meth:`extract` / :meth:`install` move one bin of it.
-    """
-
-    schema = "ip string, count int64, key timestamp"
-
-    def new_state(self, bins):
-        return count_table(bins)
-
-    def process(self, batch, bins, state):
-        koff, kdata = columns.encode_keys(batch, ["ip"])
-        h, w0, w1 = hash_words(koff, kdata)
-        last, count = running_count(state, (h, w0, w1, koff, kdata, np.asarray(bins, np.int64)))
-        if not len(last):
-            return None
-        return pa.RecordBatch.from_arrays([columns.take(batch.column("ip"), last), pa.array(count, pa.int64()),
-                                           columns.take(batch.column("key"), last)], names=["ip", "count", "key"])
-
-    def extract(self, state, bin):
-        return state.extract(bin)
-
-    def install(self, state, bin, value):
-        state.install(bin, value)
-
-
-def query(workload: str, name: str | None = None) -> cep.Query:
-    """The sparkcep query of ``workload``; its one output is named like the workload."""
+def query(workload: str, name: str | None = None, window_us: int = WINDOW_US) -> cep.Query:
+    """The sparkcep query of ``workload``; its one output is named like the workload.
+    ``window_us``: fixwindow's window (HiBench: 10 s)."""
     if workload not in WORKLOADS:
         raise ValueError(f"unknown workload {workload!r}; workloads: {', '.join(WORKLOADS)}")
     q = cep.Query(name or workload)
     s = q.stream(STREAM, RECORD_DDL, time="key")
     if workload in ("identity", "repartition"):
         out = s.map(key="key", value="value", name="copy")
+    elif workload in ("wordcount", "wordcount_tuples"):
+        window = cep.Running() if workload == "wordcount" else cep.TupleWindow(TUPLE_WINDOW)
+        out = s.map(ip=source_ip(), name="parse").aggregate(window, by="ip", name="count", count=cep.count())
     else:
-        ips = s.apply(_ip_and_key, schema="ip string, key timestamp", name="parse")
-        if workload == "wordcount":
-            out = ips.stateful(RunningCount(), by="ip", name="count")
-        else:
-            out = ips.aggregate(cep.TimeWindow(WINDOW), by="ip", name="window",
-                                count=cep.count(), first=cep.min("key"))
+        ips = s.map(ip=source_ip(), key="key", name="parse")
+        out = ips.aggregate(cep.TimeWindow(f"{window_us}us"), by="ip", name="window",
+                            count=cep.count(), first=cep.min("key"))
     q.output(workload, out)
     return q
+
+
+class Records:
+    """HiBench records of a generator as the driver's input (:class:`sparkcep.bench.driver.Source`):
+    the one stream ``uservisits``, keyed by the send time when sent as fast as possible."""
+
+    streams = (STREAM,)
+    ddl = {STREAM: RECORD_DDL}
+    nominal_rate = None
+
+    def __init__(self, gen: UserVisits):
+        self.gen = gen
+
+    def prepare(self, events: int) -> None:
+        self.gen.values(0, min(events, self.gen.cycle))  # render the cached cycle
+
+    def batches(self, start: int, n: int, times_us: np.ndarray) -> list[tuple[str, pa.RecordBatch]]:
+        keys = pa.array(np.asarray(times_us, np.int64), pa.timestamp("us"))
+        return [(STREAM, pa.RecordBatch.from_arrays([keys, self.gen.values(start, n)], schema=RECORD_SCHEMA))]
+
+    def flush(self, at_us: int) -> list[tuple[str, pa.RecordBatch]]:
+        """One record of :data:`FLUSH_IP` at ``at_us``: what closes the open windows of an engine
+        without end of input (Spark)."""
+        value = FLUSH_IP + self.gen.values(0, 1)[0].as_py()[len(self.gen.source_ips(0, 1)[0].as_py()):]
+        return [(STREAM, pa.RecordBatch.from_arrays([pa.array([at_us], pa.timestamp("us")), pa.array([value])],
+                                                    schema=RECORD_SCHEMA))]
 
 
 def parallelism(workload: str, instances: int) -> int:
@@ -114,23 +109,7 @@ def parallelism(workload: str, instances: int) -> int:
 WARM_UP_BATCHES, WARM_UP_ROWS = 4, 20_000  # the untimed run before a measured one, the same for Spark
 
 
-def warm_up_input(ips: int):
+def warm_up_input(ips: int) -> UserVisits:
     """The records both engines run a workload on, untimed, before it is measured: drawn from the
     measured run's ``ips`` IPs, so a first window close is as large there as in the run."""
-    from sparkcep.bench.generator import UserVisits
     return UserVisits(seed=1, distinct_ips=ips, cycle=1 << 16)
-
-
-def warm_up(engine: cep.Engine, workload: str, instances: int, ips: int) -> None:
-    """Run ``workload`` briefly on ``engine`` over :func:`warm_up_input`, untimed, then undeploy it:
-    every instance manager compiles (or loads from numba's cache) the kernels the measured run will
-    call, for the array types it will call them with, growing its tables included, and every process
-    has touched memory of the sizes a window close of the measured run allocates."""
-    gen = warm_up_input(ips)
-    engine.deploy(query(workload), parallelism=parallelism(workload, instances))
-    try:
-        for i in range(WARM_UP_BATCHES):
-            engine.send(STREAM, gen.records(i * WARM_UP_ROWS, WARM_UP_ROWS, start_us=0, rate=10_000))
-        engine.end(STREAM)
-    finally:
-        engine.undeploy(workload)

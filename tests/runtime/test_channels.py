@@ -1,17 +1,30 @@
-"""Shared-memory rings: everything sent arrives once, in order, equal; a full ring holds the writer back."""
+"""What is particular to one channel implementation.
 
-import multiprocessing as mp
+Rings: zero-copy batches, batches cut to fit, rows larger than the ring in
+fragments, batches that wait as they are. Network channels: the hello and
+its refusals, addresses, ends created before their peers connect. What every
+implementation must do (order, back-pressure, wake-ups, close, death, abort,
+the control reserve) is in test_channel_conformance.py.
+"""
+
+import json
+import logging
 import os
 import random
+import socket
+import struct
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
+from sparkcep.control import auth
 from sparkcep.errors import EngineError
-from sparkcep.runtime.channels import (Data, Doorbell, LocalChannel, Progress, RingConsumer, RingProducer,
-                                       create_ring)
+from sparkcep.runtime.channels import (ChannelClosed, Configure, Data, Gate, LocalChannel, Progress, RingConsumer,
+                                       RingProducer, TcpConsumer, TcpProducer, consumer, create_ring, hello, producer,
+                                       tcp)
 
 
 @pytest.fixture
@@ -120,56 +133,6 @@ def test_a_single_row_larger_than_the_ring_travels_in_fragments(shm, copy):
     assert got == [[{"s": "x" * 5000, "v": 1}], [{"s": "y" * 9000, "v": 2}], "Progress"]
 
 
-def test_an_abort_drops_the_epochs_backlog_and_reaches_the_reader_after_what_it_took(shm):
-    path = shm("abort", 1 << 13)
-    w, r = RingProducer(path), RingConsumer(path)
-    b = pa.record_batch({"v": np.arange(200)})
-    for i in range(30):
-        w.send_data(0, (7, 7, 0), b)
-    assert w.backlog_bytes > 0
-    w.abort(7)
-    assert not any(item[4] == 7 for item in w.backlog)
-    w.send_data(0, (8, 8, 0), b)
-    w.send_progress(8, 8, 0, 0)
-    got = []
-    while w.backlog or r.ready():
-        got += [(m.epoch, type(m).__name__) for m in drain(r)]
-        w.flush()
-    kinds = [k for _, k in got]
-    assert kinds.index("Abort") == len([g for g in got if g == (7, "Data")])  # every epoch-7 batch before it
-    assert got[-2:] == [(8, "Data"), (8, "Progress")]
-    assert (7, "Progress") not in got
-
-
-def test_data_never_takes_the_control_reserve(shm):
-    path = shm("reserve", 1 << 13)
-    w, r = RingProducer(path), RingConsumer(path)
-    b = pa.record_batch({"v": np.arange(100)})
-    while not w.backlog:  # the ring is full for data
-        w.send_data(0, (1, 1, 0), b)
-    w.abort(1)  # the data left in the backlog goes, the abort fits at once
-    assert w.backlog_bytes == 0
-    w.send_progress(2, 1, 0, 0)
-    assert w.backlog_bytes == 0
-    kinds = [type(m).__name__ for m in drain(r)]
-    assert kinds[-2:] == ["Abort", "Progress"] and set(kinds[:-2]) == {"Data"}
-
-
-def test_a_full_ring_keeps_the_rest_in_the_backlog_and_loses_nothing(shm):
-    path = shm("full", 1 << 13)
-    w, r = RingProducer(path), RingConsumer(path)
-    b = pa.record_batch({"v": np.arange(200)})
-    for i in range(50):
-        w.send_data(0, (i, i, 0), b)
-    assert w.backlog_bytes > 0
-    assert r.queued_bytes <= 1 << 13
-    got = 0
-    while w.backlog or r.ready():
-        got += sum(m.batch.num_rows for m in drain(r) if isinstance(m, Data))
-        w.flush()
-    assert got == 50 * 200
-
-
 @pytest.mark.parametrize("batches_stay", [False, True])
 def test_a_waiting_batch_is_copied_unless_its_owner_keeps_it(shm, batches_stay):
     """A batch that may point into an input ring is copied when it must wait; the engine's sources,
@@ -202,51 +165,170 @@ def test_local_channel_same_interface():
     assert ch.receive() is None
 
 
-def _slow_reader(path, bell_path, delay, out):
-    r = RingConsumer(path)
-    rows, epochs = 0, []
-    while True:
-        m = r.receive()
-        if m is None:
-            time.sleep(0.001)
-            continue
-        if isinstance(m, Progress):
-            if m.epoch < 0:
-                break
-            epochs.append(m.epoch)
-            continue
-        rows += m.batch.num_rows
-        time.sleep(delay)
-    out.put((rows, epochs))
+# --- network channels: hello, addresses, pending ends ----------------------------------------------------
+
+@pytest.fixture
+def service():
+    """A listening socket, its token and gate: the part of an instance manager's service channels use."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(10)
+    token = auth.generate()
+    yield listener, f"tcp:127.0.0.1:{listener.getsockname()[1]}", token, Gate(token, timeout=2)
+    listener.close()
 
 
-def test_a_slow_reader_process_slows_the_writer_and_nothing_is_lost(shm, tmp_path):
-    """Back-pressure between processes: the writer blocks in flush_blocking, sleeping on its doorbell."""
-    path = shm("slow", 1 << 14)
-    bell = Doorbell.create(str(tmp_path / "writer-bell"))
-    ctx = mp.get_context("fork")
-    out = ctx.Queue()
-    p = ctx.Process(target=_slow_reader, args=(path, bell.path, 0.01, out), daemon=True)
-    p.start()
-    try:
-        w = RingProducer(path, bell)
-        b = pa.record_batch({"v": np.arange(256)})  # ~2 KiB: the ring holds about 7
+def in_background(fn, *args, **kwargs):
+    """Run ``fn`` on a thread (a connecting end waits for the service's answer); its future."""
+    pool = ThreadPoolExecutor(1)
+    future = pool.submit(fn, *args, **kwargs)
+    pool.shutdown(wait=False)
+    return future
+
+
+def _raw_hello(address: str, fields: dict | bytes) -> dict:
+    host, port, _ = tcp.parse_address(address)
+    with socket.create_connection((host, port), 5) as sock:
+        body = fields if isinstance(fields, bytes) else json.dumps(fields).encode()
+        sock.sendall(struct.pack("<I", len(body)) + body)
+        try:
+            size = struct.unpack("<I", sock.recv(4, socket.MSG_WAITALL))[0]
+            return json.loads(sock.recv(size, socket.MSG_WAITALL))
+        except (struct.error, ConnectionError):
+            return {}
+
+
+@pytest.mark.parametrize("token", [None, "wrong"], ids=["no token", "wrong token"])
+def test_a_hello_without_the_token_is_refused_logged_and_counted(service, caplog, token):
+    listener, address, right, gate = service
+    fields = {"channel": "c", "role": "producer", "capacity": 1 << 16}
+    if token is not None:
+        fields["token"] = token
+    reply = in_background(_raw_hello, f"{address}/c", fields)
+    sock, _ = listener.accept()
+    with caplog.at_level(logging.WARNING, logger="sparkcep.runtime.channels.hello"):
+        with pytest.raises(auth.AuthError) as e:
+            gate.accept(sock)
+    assert e.value.code == "UNAUTHENTICATED" and gate.refused == 1
+    assert reply.result(10) == {"ok": False, "error": "unauthenticated"}
+    assert "refused a channel connection from 127.0.0.1" in caplog.text
+    assert right not in caplog.text
+    # through connect(): the connecting side is told why
+    refused = in_background(tcp.connect, f"{address}/c", "producer", "wrong")
+    sock, _ = listener.accept()
+    with pytest.raises(auth.AuthError):
+        gate.accept(sock)
+    with pytest.raises(auth.AuthError) as e:
+        refused.result(10)
+    assert e.value.code == "UNAUTHENTICATED" and gate.refused == 2
+
+
+@pytest.mark.parametrize("frame", [b"not json", b"[1, 2]", b"x" * (hello.HELLO_MAX + 1), None],
+                         ids=["not JSON", "not an object", "too large", "silent"])
+def test_a_malformed_or_late_hello_is_refused(service, frame):
+    listener, address, token, gate = service
+    host, port, _ = tcp.parse_address(f"{address}/c")
+    with socket.create_connection((host, port), 5) as client:
+        if frame is not None:
+            client.sendall(struct.pack("<I", len(frame)) + frame[:hello.HELLO_MAX])
+        sock, _ = listener.accept()
         t0 = time.monotonic()
-        for i in range(60):
-            w.send_data(0, (i, i, 0), b)
-            w.send_progress(i, i, i, 0)
-            w.flush_blocking(20)
-            assert w.ring.used() <= w.ring.capacity  # memory stays bounded by the ring
-            assert w.backlog_bytes == 0
-        w.send_progress(-1, 0, 0, 0)
-        w.flush_blocking(20)
-        elapsed = time.monotonic() - t0
-        rows, epochs = out.get(timeout=30)
-    finally:
-        p.join(5)
-        if p.is_alive():
-            p.kill()
-        bell.close(unlink=True)
-    assert rows == 60 * 256 and epochs == list(range(60))
-    # 60 batches at >= 10 ms each, of which at most ~8 fit the ring: the writer waited for the reader
-    assert elapsed >= 0.4, elapsed
+        with pytest.raises(tcp.ChannelRefused) as e:
+            gate.accept(sock)
+    assert e.value.code == "CHANNEL_REFUSED" and gate.refused == 1
+    assert time.monotonic() - t0 < 3  # the gate waits for a hello at most its timeout (2 s)
+
+
+def test_a_hello_with_the_token_but_a_bad_field_is_refused(service):
+    listener, address, token, gate = service
+    reply = in_background(_raw_hello, f"{address}/c", {"token": token, "channel": "c", "role": "reader"})
+    sock, _ = listener.accept()
+    with pytest.raises(tcp.ChannelRefused):
+        gate.accept(sock)
+    assert reply.result(10)["ok"] is False and gate.refused == 1
+
+
+def test_a_service_creates_its_ends_before_the_peers_connect(service):
+    """Either end may listen: here a producer and a consumer wait for their peers, data queued meanwhile."""
+    listener, address, token, gate = service
+    ends = {"out": TcpProducer("out", capacity=1 << 16), "in": TcpConsumer("in")}
+    b = pa.record_batch({"v": np.arange(50_000)})  # more than the capacity: it waits for the peer
+    ends["out"].send_data(0, (1, 1, 0), b)
+    ends["out"].send_control(Configure(2, 1, "agg", [1, 0]))
+    assert not ends["out"].flush() and ends["out"].backlog_bytes > 0
+    assert ends["in"].receive() is None and not ends["in"].ready()
+    with pytest.raises(EngineError):
+        ends["in"].fileno()
+    # the peers connect (through the factory), the service attaches each to its end
+    remote_in = in_background(consumer, f"{address}/out", token=token)
+    remote_out = in_background(producer, f"{address}/in", token=token, capacity=1 << 16)
+    for _ in range(2):
+        sock, _ = listener.accept()
+        verified = gate.accept(sock)
+        ends[verified.channel].attach(verified)
+    remote_in, remote_out = remote_in.result(10), remote_out.result(10)
+    assert remote_in.capacity == 1 << 16 and ends["in"].capacity == 1 << 16  # the producer's, told in the hello
+    remote_out.send_progress(5, 5, 5, 0)
+    got = []
+    deadline = time.monotonic() + 10
+    while {type(m).__name__ for m in got} != {"Data", "Configure", "Progress"}:
+        assert time.monotonic() < deadline
+        ends["out"].flush()
+        remote_out.flush()
+        for end in (remote_in, ends["in"]):
+            if (m := end.receive()) is not None:
+                got.append(m)
+    data = pa.Table.from_batches([m.batch for m in got if isinstance(m, Data)])
+    assert data.equals(pa.Table.from_batches([b]))
+    for end in (remote_in, ends["in"], ends["out"], remote_out):
+        end.close()
+
+
+def test_a_hello_for_a_channel_the_service_does_not_have_is_refused(service):
+    listener, address, token, gate = service
+    connecting = in_background(tcp.connect, f"{address}/nope", "producer", token)
+    sock, _ = listener.accept()
+    gate.refuse(gate.accept(sock), "no such channel here")
+    with pytest.raises(tcp.ChannelRefused, match="no such channel"):
+        connecting.result(10)
+    assert gate.refused == 1
+
+
+def test_an_end_takes_only_a_peer_of_the_other_role_on_its_channel(service):
+    listener, address, token, gate = service
+    connecting = in_background(tcp.connect, f"{address}/c", "consumer", token)
+    sock, _ = listener.accept()
+    with pytest.raises(tcp.ChannelRefused):
+        TcpConsumer("c").attach(gate.accept(sock))  # two consumers
+    with pytest.raises(tcp.ChannelRefused):
+        connecting.result(10)
+
+
+@pytest.mark.parametrize("address,expected", [("tcp:127.0.0.1:7077/a#b", ("127.0.0.1", 7077, "a#b")),
+                                              ("tcp:[::1]:80/x/y", ("::1", 80, "x/y")),
+                                              ("tcp:host.example:1/c", ("host.example", 1, "c"))])
+def test_addresses(address, expected):
+    assert tcp.parse_address(address) == expected
+
+
+@pytest.mark.parametrize("address", ["tcp:127.0.0.1:7077", "tcp:127.0.0.1/c", "tcp::1/c", "tcp:h:0/c",
+                                     "tcp:h:99999/c", "tcp:h:x/c", "udp:h:1/c"])
+def test_bad_addresses_say_what_is_expected(address):
+    with pytest.raises(EngineError, match="tcp:HOST:PORT/CHANNEL_ID") as e:
+        tcp.parse_address(address)
+    assert e.value.code == "CHANNEL"
+
+
+def test_the_factory_needs_a_token_for_a_network_channel():
+    with pytest.raises(EngineError, match="token") as e:
+        producer("tcp:127.0.0.1:1/c")
+    assert e.value.code == "CHANNEL"
+    with pytest.raises(EngineError, match="expected shm:<path> or tcp:"):
+        consumer("ftp:x")
+
+
+def test_nobody_listening_is_channel_closed_not_a_hang():
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        port = s.getsockname()[1]
+    with pytest.raises(ChannelClosed) as e:
+        tcp.connect(f"tcp:127.0.0.1:{port}/c", "producer", "t", timeout=2)
+    assert e.value.code == "CHANNEL_UNREACHABLE"

@@ -52,6 +52,22 @@ def test_option_errors(spark, engine):
         .load("all")
 
 
+def test_token_file_option(spark, engine, tmp_path):
+    """An explicit token file wins over the one the engine wrote under $SPARKCEP_HOME."""
+    from sparkcep.control import auth, discovery
+
+    engine.deploy(demo_query())
+    engine.send("connections", connections(5))
+    a = engine.endpoint.address
+    copied = auth.write(tmp_path / "engine.token", auth.read(discovery.token_file(a)))
+    assert _load(spark, engine=a, stream="all", tokenFile=str(copied)).count() == 5
+    with pytest.raises(AnalysisException, match=r"\[UPMCEP_TOKEN_FILE\] cannot read the engine token file"):
+        _load(spark, engine=a, stream="all", tokenFile=str(tmp_path / "missing.token"))
+    wrong = auth.write(tmp_path / "wrong.token", auth.generate())
+    with pytest.raises(AnalysisException, match=r"\[UPMCEP_UNAUTHENTICATED\]"):
+        _load(spark, engine=a, stream="all", tokenFile=str(wrong))
+
+
 def test_input_stream_is_not_readable_and_output_not_writable(spark, engine, tmp_path):
     engine.deploy(demo_query())
     a = engine.endpoint.address

@@ -130,6 +130,8 @@ def _put_path(mm, at: int, path: str) -> None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs. A zombie (dead, not yet reaped by its parent) does not: the engine is
+    the parent of its instance managers and may look at a ring before it reaps one."""
     if pid <= 0:
         return True  # not known yet
     try:
@@ -137,8 +139,13 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return True  # no /proc here: the signal said it exists
+    return stat[stat.rindex(b")") + 2:][:1] not in (b"Z", b"X")  # the state follows "(command) "
 
 
 class _Ring:

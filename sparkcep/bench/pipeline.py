@@ -1,0 +1,212 @@
+"""HiBench fixwindow from Parquet files: Spark alone, beside Spark -> engine -> Spark through ``format("upmcep")``.
+
+Both read the same directory of Parquet files (HiBench records, keys spread
+over a span of event time, written by :func:`write_input`) as a stream in
+one Spark session and end in Spark's ``noop`` sink:
+
+* **native** -- Spark Structured Streaming computes fixwindow itself
+  (:func:`sparkcep.bench.spark.workload_df`: 10 s tumbling windows per IP,
+  count and first key, watermark 0 s, append mode);
+* **routed** -- a Spark query writes the records into the engine
+  (``writeStream.format("upmcep")``, default options: every file in one
+  micro-batch, several partitions), the engine runs fixwindow
+  (:func:`sparkcep.bench.workloads.query`, in this process with
+  ``workers=0``), ``Engine.end`` closes the last windows, and a second
+  Spark query, started first and running all along, reads every window
+  back (``readStream.format("upmcep")``).
+
+Time: wall clock from ``start()`` to the moment the last result is out
+(native: the query ended; routed: the reader has read every window the
+engine produced; its stages: ``sink`` until the writing query ended, ``end``,
+``source`` the rest). Throughput: input records over that time. Both paths
+are warmed first on a small directory of the same shape.
+
+CPU: seconds of CPU the run took (:func:`cpu_seconds`) in Spark (its JVM and
+every Python process it started) and in the engine (this process: the
+endpoint, the engine and Spark's idle Python driver; with ``workers``, the
+instance managers too). On a shared machine CPU seconds vary far less than
+wall time.
+
+Completeness: the windows must equal a batch Spark computation of fixwindow
+over the same files (rows, sum of counts, sum of first keys): the engine's
+output log (retained) for the routed path, the sink's row count for the
+native one. The input ends with one record of a reserved IP one window past
+the last key, which closes Spark's last windows; its own window is left out
+of every comparison.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+import sparkcep as cep
+from sparkcep.bench import workloads
+from sparkcep.bench.generator import UserVisits
+from sparkcep.bench.spark import FLUSH_IP, WINDOW_S, workload_df
+
+T0_US = 1_704_067_200_000_000  # 2024-01-01 00:00:00 UTC
+SPARK_DDL = "key TIMESTAMP, value STRING"
+
+
+@dataclass
+class Totals:
+    """What a fixwindow result holds, flush window left out: rows, sum of counts, sum of first keys (us after T0)."""
+
+    rows: int
+    count: int
+    first: int
+
+
+@dataclass
+class PipelineRun:
+    """One measured run of one path."""
+
+    path: str  # "native" or "routed"
+    events: int
+    seconds: float
+    totals: Totals
+    stages: dict[str, float] = field(default_factory=dict)  # routed: sink, end, source
+    cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds per group of processes
+
+    @property
+    def rate(self) -> float:
+        return self.events / self.seconds if self.seconds else 0.0
+
+
+def cpu_seconds() -> dict[str, float]:
+    """CPU seconds used so far by this process and its descendants: ``spark`` (the JVM and its children), ``engine``.
+
+    A process counts its own time plus that of its children that exited, so
+    Python workers Spark started and reaped still count. This process's own
+    count leaves out the JVM it started (its child, counted under ``spark``).
+    """
+    me = psutil.Process()
+    out = {"spark": 0.0, "engine": 0.0}
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t, spark = p.cpu_times(), p.name() == "java" or any(q.name() == "java" for q in p.parents())
+        except psutil.Error:
+            continue
+        out["spark" if spark else "engine"] += t.user + t.system + t.children_user + t.children_system
+    return out
+
+
+def _cpu_since(before: dict[str, float]) -> dict[str, float]:
+    now = cpu_seconds()
+    return {k: round(now[k] - before[k], 2) for k in now}
+
+
+def write_input(directory: Path, events: int = 2_000_000, files: int = 10, span_s: float = 600.0,
+                ips: int = 100_000, seed: int = 0) -> Path:
+    """``events`` HiBench records over ``span_s`` s of event time in ``files`` Parquet files, then the flush file."""
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    gen, per = UserVisits(seed=seed, distinct_ips=ips), -(-events // files)
+    for k, start in enumerate(range(0, events, per)):
+        batch = gen.records(start, min(per, events - start), start_us=T0_US, rate=events / span_s)
+        pq.write_table(pa.Table.from_batches([batch]), directory / f"part-{k:04d}.parquet")
+    last = int(batch.column("key").cast(pa.int64())[-1].as_py())
+    flush = pa.table({"key": pa.array([last + WINDOW_S * 1_000_000], pa.timestamp("us")),
+                      "value": [f"{FLUSH_IP},flush"]})
+    pq.write_table(flush, directory / f"part-{k + 1:04d}.parquet")
+    return directory
+
+
+def reference(spark, directory: Path) -> Totals:
+    """Fixwindow over ``directory`` as a batch Spark job: what both paths must produce."""
+    from pyspark.sql import functions as F
+
+    rows = spark.read.schema(SPARK_DDL).parquet(str(directory)) \
+        .select(F.substring_index("value", ",", 1).alias("ip"), "key").where(F.col("ip") != FLUSH_IP)
+    agg = rows.groupBy(F.window("key", f"{WINDOW_S} seconds"), "ip").agg(F.count(F.lit(1)).alias("count"),
+                                                                        F.min("key").alias("first"))
+    r = agg.agg(F.count(F.lit(1)).alias("rows"), F.sum("count").alias("count"),
+                F.sum(F.unix_micros("first") - T0_US).alias("first")).collect()[0]
+    return Totals(int(r["rows"]), int(r["count"]), int(r["first"]))
+
+
+def native(spark, directory: Path, workdir: Path) -> PipelineRun:
+    """Spark alone: Parquet stream -> fixwindow -> noop."""
+    ck = _fresh(workdir / "ck-native")
+    df, mode = workload_df(spark, "fixwindow", spark.readStream.schema(SPARK_DDL).parquet(str(directory)))
+    cpu, t = cpu_seconds(), time.perf_counter()
+    q = df.writeStream.format("noop").outputMode(mode).option("checkpointLocation", str(ck)) \
+        .trigger(availableNow=True).start()
+    _finish(q)
+    seconds = time.perf_counter() - t
+    rows = sum(p["sink"].get("numOutputRows", 0) for p in q.recentProgress)
+    return PipelineRun("native", _events(directory), seconds, Totals(rows, -1, -1), cpu=_cpu_since(cpu))
+
+
+def routed(spark, directory: Path, workdir: Path, workers: int = 0, poll_s: float = 0.02) -> PipelineRun:
+    """Spark -> ``format("upmcep")`` -> engine fixwindow -> ``format("upmcep")`` -> Spark (noop).
+
+    Both Spark queries run at once, as a deployed pipeline would: the reader
+    (a 100 ms processing-time trigger) takes windows as the engine emits them.
+    The clock stops when the reader has read every row the engine produced.
+    """
+    with cep.Engine.local(workers=workers) as engine:
+        engine.deploy(workloads.query("fixwindow"), parallelism=workloads.parallelism("fixwindow", max(workers, 1)))
+        engine.outputs["fixwindow"].register("bench")  # keeps every window for the check after the reader's commits
+        a = engine.endpoint.address
+        records = spark.readStream.schema(SPARK_DDL).parquet(str(directory))
+        back = spark.readStream.format("upmcep").option("engine", a).option("stream", "fixwindow") \
+            .option("includeMetadata", "false").load()
+        cpu, t = cpu_seconds(), time.perf_counter()
+        reader = back.writeStream.format("noop").option("checkpointLocation", str(_fresh(workdir / "ck-source"))) \
+            .trigger(processingTime="100 milliseconds").start()
+        _finish(records.writeStream.format("upmcep").option("engine", a).option("stream", workloads.STREAM)
+                .option("checkpointLocation", str(_fresh(workdir / "ck-sink"))).trigger(availableNow=True).start())
+        t_sink = time.perf_counter()
+        engine.end(workloads.STREAM)
+        t_end = time.perf_counter()
+        produced = engine.outputs["fixwindow"].rows
+        deadline = t_end + 600
+        while _rows_read(reader) < produced:
+            if not reader.isActive or time.perf_counter() > deadline:
+                reader.stop()
+                raise RuntimeError(f"the Spark reader read {_rows_read(reader):,} of the engine's {produced:,} rows "
+                                   f"({reader.exception() or 'timed out'})")
+            time.sleep(poll_s)
+        t_source = time.perf_counter()
+        cpu = _cpu_since(cpu)
+        reader.stop()
+        totals = _engine_totals(engine.collect("fixwindow"))
+    return PipelineRun("routed", _events(directory), t_source - t, totals,
+                       {"sink": t_sink - t, "end": t_end - t_sink, "source": t_source - t_end}, cpu)
+
+
+def _rows_read(q) -> int:
+    return sum(p["numInputRows"] for p in q.recentProgress)
+
+
+def _engine_totals(table: pa.Table) -> Totals:
+    t = table.filter(pc.not_equal(table.column("ip"), FLUSH_IP))
+    first = pc.sum(pc.subtract(t.column("first").cast(pa.int64()), T0_US)).as_py() or 0
+    return Totals(t.num_rows, pc.sum(t.column("count")).as_py() or 0, first)
+
+
+def _events(directory: Path) -> int:
+    return sum(pq.ParquetFile(f).metadata.num_rows for f in sorted(directory.glob("*.parquet"))) - 1
+
+
+def _finish(q, timeout_s: float = 1200.0) -> None:
+    q.awaitTermination(timeout_s)
+    if q.isActive:
+        q.stop()
+        raise RuntimeError(f"query {q.name or q.id} did not finish in {timeout_s} s")
+    if q.exception() is not None:
+        raise RuntimeError(f"query {q.name or q.id} failed: {q.exception()}")
+
+
+def _fresh(path: Path) -> Path:
+    shutil.rmtree(path, ignore_errors=True)
+    return path
