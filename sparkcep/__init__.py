@@ -4,28 +4,37 @@
 >>> q = cep.Query("demo")
 >>> s = q.stream("connections", "ip string, ts timestamp, bytes int64")
 >>> q.output("per_ip", s.aggregate(cep.TimeWindow("10s"), by=["ip"], n=cep.count()))
+
+Names load on first use (PEP 562): a process that only needs the Spark data
+source or the command line does not pay for the engine's compiled kernels.
 """
 
-from sparkcep.errors import (EngineError, InputError, QueryError, SchemaError, SparkcepError,
-                             UnknownStreamError)
-from sparkcep.query.aggregates import avg, count, first, last, max, min, sum
-from sparkcep.query.expressions import col, lit
-from sparkcep.query.operators import StatefulOperator, Stream
-from sparkcep.query.query import Query
-from sparkcep.query.running import Running
-from sparkcep.query.windows import TimeWindow, TupleWindow
-from sparkcep.engine import Engine
-from sparkcep.schema import Schema
+import importlib
 
-__all__ = ["Query", "Stream", "Schema", "Engine", "TimeWindow", "TupleWindow", "Running", "col", "lit",
-           "count", "sum", "avg", "min", "max", "first", "last", "StatefulOperator",
-           "SparkcepError", "SchemaError", "QueryError", "InputError", "UnknownStreamError", "EngineError"]
+_NAMES = {
+    "Query": "sparkcep.query.query", "Stream": "sparkcep.query.operators",
+    "StatefulOperator": "sparkcep.query.operators", "Schema": "sparkcep.schema", "Engine": "sparkcep.engine",
+    "TimeWindow": "sparkcep.query.windows", "TupleWindow": "sparkcep.query.windows",
+    "Running": "sparkcep.query.running", "col": "sparkcep.query.expressions", "lit": "sparkcep.query.expressions",
+    **{f: "sparkcep.query.aggregates" for f in ("count", "sum", "avg", "min", "max", "first", "last")},
+    **{e: "sparkcep.errors" for e in ("SparkcepError", "SchemaError", "QueryError", "InputError",
+                                      "UnknownStreamError", "EngineError")},
+    "spark": None,  # the Spark data source and configure(): pulls in pyspark
+}
+
+__all__ = [n for n in _NAMES if n != "spark"]
 __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
-    # sparkcep.spark (the Spark data source and configure()) pulls in pyspark: load it on first use
+    if name not in _NAMES:
+        raise AttributeError(f"module 'sparkcep' has no attribute {name!r}")
     if name == "spark":
-        import importlib
         return importlib.import_module("sparkcep.spark")
-    raise AttributeError(f"module 'sparkcep' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_NAMES[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

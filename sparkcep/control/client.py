@@ -213,12 +213,9 @@ class EngineClient:
         """The engine's metrics plus the endpoint's counters and instance managers."""
         return self.request("metrics")[0]["metrics"]
 
-    def register_im(self, info: dict) -> None:
-        """Record a running instance manager: ``info`` has at least ``id`` and ``pid``."""
-        self.request("register_im", info=info)
-
-    def deregister_im(self, im_id: str) -> None:
-        self.request("deregister_im", id=im_id)
+    def register_im(self, address: str) -> dict:
+        """Have the engine use the instance manager serving at ``address`` (it must hold the engine's token)."""
+        return self.request("register_im", address=address)[0]["instance_manager"]
 
     def instance_managers(self) -> list[dict]:
         return self.request("instance_managers")[0]["instance_managers"]

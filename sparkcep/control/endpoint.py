@@ -1,8 +1,8 @@
 """The loopback endpoint: an engine served to other processes of this machine, to its owner only.
 
 Started by :meth:`sparkcep.Engine.local`, listening on ``127.0.0.1`` at an
-ephemeral port. It generates a token (:mod:`sparkcep.auth`), writes
-it to ``$SPARKCEP_HOME/engine-HOST-PORT.token`` (mode 0600) and publishes
+ephemeral port. It writes the engine's token (:mod:`sparkcep.auth`) to
+``$SPARKCEP_HOME/engine-HOST-PORT.token`` (mode 0600) and publishes
 its address in ``local.json`` (see :mod:`sparkcep.control.discovery`).
 Spark's Python workers, the JVM plugin's instance-manager launcher and
 ``sparkcep status`` use it through :class:`sparkcep.control.client.EngineClient`.
@@ -33,8 +33,8 @@ read               rows [start, end) of one output partition, up to a byte budge
 register           hold an output's rows for a consumer from now on
 commit             a consumer is past these positions: release what all passed
 metrics            the engine's metrics plus the endpoint's counters
-register_im        record a running instance manager (``deregister_im``)
-instance_managers  the registered instance managers
+register_im        use the instance manager serving at ``address`` (an executor's)
+instance_managers  the engine's instance managers
 =================  ============================================================
 
 Requests about output positions (``offsets``, ``read``, ``register``,
@@ -85,13 +85,12 @@ class Endpoint:
         self.metrics_log = OutputLog(METRICS_SCHEMA, METRICS)
         self.metrics_interval = 1.0
         self._last_sample = 0.0
-        self.instance_managers: dict[str, dict] = {}
         self.counters = {"requests": 0, "rows_in": 0, "rows_out": 0, "unauthenticated": 0, "bad_frames": 0,
                          "batch_commits": 0, "committed_partitions": 0, "duplicate_batches": 0}
         self._refused_hosts: set[str] = set()
         self._server = socket.create_server((host, port))
         self.address = f"{host}:{self._server.getsockname()[1]}"
-        self.token = auth.generate()
+        self.token = engine.token  # the engine's: its instance managers hold the same
         self.token_file = auth.write(discovery.token_file(self.address), self.token)
         self._conns: set[socket.socket] = set()
         self._closed = False
@@ -328,30 +327,21 @@ class Endpoint:
         return {"metrics": self.snapshot()}, b""
 
     def _op_register_im(self, h, _):
-        info = dict(h["info"])
-        if "id" not in info or "pid" not in info:
-            raise InputError(f"register_im needs 'id' and 'pid', got {sorted(info)}", "IM_INFO")
-        info.setdefault("registered", time.time())
-        with self.lock:
-            self.instance_managers[str(info["id"])] = info
-        return {}, b""
-
-    def _op_deregister_im(self, h, _):
-        with self.lock:
-            self.instance_managers.pop(str(h["id"]), None)
-        return {}, b""
+        address = h.get("address")
+        if not isinstance(address, str) or ":" not in address:
+            raise InputError(f"register_im needs the 'address' (host:port) of a serving instance manager, "
+                             f"got {address!r}", "IM_INFO")
+        return {"instance_manager": self.engine.add_instance_manager(address)}, b""
 
     def _op_instance_managers(self, h, _):
-        with self.lock:
-            return {"instance_managers": list(self.instance_managers.values())}, b""
+        return {"instance_managers": self.engine.instance_managers()}, b""
 
     # --- metrics -----------------------------------------------------------------------
     def snapshot(self) -> dict:
         """The engine's metrics with the endpoint's counters under ``"endpoint"``."""
         with self.lock:
             m = dict(self.engine.metrics())
-            m["endpoint"] = dict(self.counters, instance_managers=len(self.instance_managers),
-                                 staged_rows=self.staging.rows,
+            m["endpoint"] = dict(self.counters, staged_rows=self.staging.rows,
                                  retained_rows=sum(log_.retained for log_ in self.engine.outputs.values()))
         return m
 

@@ -1,4 +1,4 @@
-"""``sparkcep status``: what a running engine is doing — queries, sub-queries, instance managers.
+"""``sparkcep status``: what a running engine is doing — queries, sub-queries, instance managers, late tuples.
 
 Reads the engine's metrics through its loopback endpoint (the local engine
 by default, or ``--engine host:port``) and prints, per query, its input rate,
@@ -32,14 +32,10 @@ def run(args) -> int:
         with EngineClient.connect(args.engine, timeout=30) as client:
             while True:
                 hello, metrics = client.hello(), client.metrics()
-                try:
-                    registered = client.instance_managers()
-                except SparkcepError:
-                    registered = []
                 if args.json:
-                    print(json.dumps({"engine": hello, "metrics": metrics, "registered": registered}, indent=1))
+                    print(json.dumps({"engine": hello, "metrics": metrics}, indent=1))
                 else:
-                    print(render(hello, metrics, registered), flush=True)
+                    print(render(hello, metrics), flush=True)
                 if not args.watch:
                     return 0
                 time.sleep(args.watch)
@@ -71,20 +67,20 @@ def _lat(d: dict) -> str:
     return " ".join(f"{k} {v:g}" for k, v in d.items() if k in ("p50", "p99")) + " ms" if d else "-"
 
 
-def render(hello: dict, m: dict, registered: list) -> str:
+def render(hello: dict, m: dict) -> str:
     """The status text of one metrics snapshot."""
     lines = [f"engine {hello.get('address')} (pid {hello.get('pid')}): {m.get('sequence', 0):,} tuples in"]
     ims = m.get("instance_managers") or {}
     if ims:
         lines.append(f"instance managers ({len(ims)}):")
-        lines.append(f"  {'IM':>3} {'pid':>7} {'cpu':>4} {'node':>4} {'state':>6} {'cpu%':>6} {'rss':>9} "
-                     f"{'in/s':>9} {'out/s':>9} {'instances':>9}")
+        lines.append(f"  {'name':>12} {'address':>21} {'pid':>7} {'cpu':>4} {'node':>4} {'state':>6} {'cpu%':>6} "
+                     f"{'rss':>9} {'in/s':>9} {'out/s':>9} {'instances':>9}")
         for i, im in sorted(ims.items(), key=lambda kv: int(kv[0])):
             state = "up" if im.get("alive") else "DEAD"
-            lines.append(f"  {i:>3} {im.get('pid', ''):>7} {im.get('cpu', ''):>4} {im.get('node', ''):>4} "
-                         f"{state:>6} {im.get('cpu_percent', 0):>6} {_bytes(im.get('rss_bytes')):>9} "
-                         f"{_bytes(im.get('bytes_in_rate')) + '/s':>9} {_bytes(im.get('bytes_out_rate')) + '/s':>9} "
-                         f"{im.get('instances', ''):>9}")
+            lines.append(f"  {im.get('name', i):>12} {im.get('address', ''):>21} {im.get('pid', ''):>7} "
+                         f"{im.get('cpu', ''):>4} {im.get('node', ''):>4} {state:>6} {im.get('cpu_percent', 0):>6} "
+                         f"{_bytes(im.get('rss_bytes')):>9} {_bytes(im.get('bytes_in_rate')) + '/s':>9} "
+                         f"{_bytes(im.get('bytes_out_rate')) + '/s':>9} {im.get('instances', ''):>9}")
             if im.get("error"):
                 lines.append(f"      {im['error']}")
     else:
@@ -107,15 +103,10 @@ def render(hello: dict, m: dict, registered: list) -> str:
             lines.append(f"    output {out}: {o['rows']:,} rows, latency {_lat(o.get('latency_ms', {}))}")
         late = (m.get("late") or {}).get(name) or {}
         if any(late.values()):
-            lines.append(f"    late tuples: " + ", ".join(f"{k} {v:,}" for k, v in late.items()))
+            lines.append("    late tuples: " + ", ".join(f"{k} {v:,}" for k, v in late.items()))
     by_stream = m.get("late_by_stream") or {}
     if by_stream:
         lines.append("late tuples per input stream:")
         for stream, ops in sorted(by_stream.items()):
             lines.append(f"  {stream}: " + ", ".join(f"{op} {n:,}" for op, n in sorted(ops.items())))
-    if registered:
-        lines.append(f"registered executor instance managers ({len(registered)}):")
-        for r in registered:
-            lines.append(f"  {r.get('id')}: pid {r.get('pid')}, cpu {r.get('cpu')}, {r.get('kind', '')}, "
-                         f"executor {r.get('executor', '')}")
     return "\n".join(lines)

@@ -35,7 +35,9 @@ from sparkcep.errors import EngineError
 from sparkcep.query.query import Query
 from sparkcep.runtime import commands as cmd
 from sparkcep.runtime.channels import (DEFAULT_CAPACITY, ChannelClosed, Doorbell, RingConsumer, RingProducer,
-                                       create_ring, unlink_quietly)
+                                       create_ring, hello, unlink_quietly)
+from sparkcep.runtime.channels import consumer as open_consumer
+from sparkcep.runtime.channels import producer as open_producer
 from sparkcep.runtime.deployment import Deployment
 from sparkcep.runtime.layout import ENGINE, Endpoint
 from sparkcep.runtime.placement import Slot, im_slots, place
@@ -47,6 +49,7 @@ START_TIMEOUT_S = 120.0
 REPLY_TIMEOUT_S = 30.0
 WAIT_TIMEOUT_S = 120.0     # collect()/wait(): outputs must catch up within this long
 SEND_TIMEOUT_S = 60.0      # send(): a channel must take something within this long
+PEER_GRACE_S = 1.0         # a channel's dead peer waits this long for its instance manager's death to be known
 ENGINE_HOST = "127.0.0.1"  # the engine's own host key is that of a process serving on loopback
 
 
@@ -93,6 +96,7 @@ class Cluster:
         self.lock = threading.RLock()
         self.progress = threading.Condition(self.lock)  # notified when outputs arrive or an IM dies
         self._replies: dict[int, list] = {}
+        self._suspects: dict[str, tuple[float, EngineError]] = {}  # deployment -> (when, a PEER_DIED error)
         self._numbers = iter(range(1, 1 << 62))
         self._closed = False
         self._thread = threading.Thread(target=self._collect, name="sparkcep-collector", daemon=True)
@@ -139,14 +143,15 @@ class Cluster:
         try:
             sock = socket.create_connection((host, int(port)), timeout=REPLY_TIMEOUT_S)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            cmd.send_json(sock, {"token": self.token, "role": "control", "engine": os.getpid()})
-            answer = cmd.recv_json(sock)
-        except (OSError, EngineError) as e:
+            deadline = time.monotonic() + REPLY_TIMEOUT_S
+            hello.send_frame(sock, {"token": self.token, "role": hello.CONTROL}, deadline)
+            answer = hello.read_frame(sock, deadline)
+        except (OSError, ValueError) as e:
             raise EngineError(f"cannot reach the instance manager at {address}: {e}", "WORKER_START") from None
         if not answer.get("ok"):
             sock.close()
             raise EngineError(f"the instance manager at {address} refused this engine: {answer.get('error')} "
-                              "(does it have this engine's token?)", "UNAUTHENTICATED")
+                              "(was it started with this engine's token?)", "UNAUTHENTICATED")
         sock.settimeout(None)
         info = cmd.IMInfo(**answer["info"])
         index = len(self.ims)
@@ -286,6 +291,8 @@ class Cluster:
     def _collect_loop(self) -> None:
         turns = 0
         while not self._closed:
+            if self._suspects:
+                self._settle_suspects()
             moved = 0
             for dep in list(self.deployments.values()):
                 if dep.error is None:
@@ -307,9 +314,9 @@ class Cluster:
         links = {im.sock: im for im in self.ims if im.dead is None}
         fds = {self.sink_bell.fileno()}
         for end in consumers:
-            if isinstance(end, RingConsumer):
-                continue
-            fds.add(end.fileno())
+            fd = None if isinstance(end, RingConsumer) else end.fileno()
+            if fd is not None:
+                fds.add(fd)
         if timeout:
             for end in consumers:
                 end.sleep_flag(True)
@@ -339,13 +346,34 @@ class Cluster:
             if isinstance(record, cmd.Failed):
                 dep = self.deployments.get(record.deployment)
                 if dep is not None:
-                    dep.fail(EngineError(record.message, record.code))
+                    self.blame(dep, EngineError(record.message, record.code))
                 continue
             with self.progress:
                 slot = self._replies.get(record.number)
                 if slot is not None:
                     slot.append(record)
                 self.progress.notify_all()
+
+    def blame(self, dep: "RemoteDeployment", error: EngineError) -> None:
+        """Fail ``dep`` with ``error`` — unless it is a channel whose peer died (PEER_DIED): then an
+        instance manager probably died, and its control connection, closing within PEER_GRACE_S, says
+        which (WORKER_DIED names it); only if none does, ``error`` stands."""
+        if error.code != "PEER_DIED":
+            dep.fail(error)
+            return
+        with self.lock:
+            self._suspects.setdefault(dep.id, (time.monotonic() + PEER_GRACE_S, error))
+
+    def _settle_suspects(self) -> None:
+        now = time.monotonic()
+        with self.lock:
+            due = [(d, e) for d, (t, e) in self._suspects.items() if t <= now]
+            for d, _ in due:
+                del self._suspects[d]
+        for dep_id, error in due:
+            dep = self.deployments.get(dep_id)
+            if dep is not None:
+                dep.fail(error)
 
     def _died(self, im: InstanceManagerLink) -> None:
         if im.dead is not None or self._closed:
@@ -430,6 +458,9 @@ def _ready_line(proc: subprocess.Popen, what: str, deadline: float) -> dict:
                 raise EngineError(f"{what} exited at start with code {code} (its error is above)", "WORKER_START")
             line += chunk
     text = line.decode(errors="replace").strip().splitlines()[-1]
+    if text.startswith("FAILED "):
+        proc.wait(5)
+        raise EngineError(f"{what} failed to start: {text[len('FAILED '):]}", "WORKER_START")
     if not text.startswith("READY "):
         proc.kill()
         raise EngineError(f"{what} printed {text!r} instead of its READY line", "WORKER_START")
@@ -481,12 +512,13 @@ class RemoteDeployment(Deployment):
             addresses = {k: cp.address for k, cp in plans.items() if cp.address} | made
             for (p, c), cp in plans.items():  # this process's other ends
                 if p == ENGINE:
-                    self._outputs[(p, c)] = self._producer(addresses[(p, c)], cp)
+                    self._outputs[(p, c)] = open_producer(addresses[(p, c)], cluster.send_bell, batches_stay=True,
+                                                          token=cluster.token)
                 elif c == ENGINE and cp.transport != SHM:
-                    from sparkcep.runtime.channels import tcp
-                    self._inputs[(p, c)] = tcp.connect_consumer(cp.address, cluster.token)
-            cluster.request_all(self.hosts, lambda i, number: cmd.Start(
-                number, self.id, {k: addresses[k] for k in touching(i) if k in addresses}))
+                    self._inputs[(p, c)] = open_consumer(cp.address, token=cluster.token)
+            for i in self.hosts:  # one at a time: two instance managers connecting to each other wait on each other
+                cluster.request_all([i], lambda i, number: cmd.Start(
+                    number, self.id, {k: addresses[k] for k in touching(i) if k in addresses}))
             for end in self._outputs.values():
                 if isinstance(end, RingProducer):
                     end.map_pages()
@@ -504,12 +536,6 @@ class RemoteDeployment(Deployment):
         with cluster.lock:
             cluster.deployments[self.id] = self
 
-    def _producer(self, address: str, cp):
-        if cp.transport == SHM:
-            return RingProducer(address.partition(":")[2], self.cluster.send_bell, batches_stay=True)
-        from sparkcep.runtime.channels import tcp
-        return tcp.connect_producer(cp.address, self.cluster.token)
-
     def placement_lines(self) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {}
         for (sq, i), at in sorted(self.assignment.items(), key=lambda kv: (self.layout.sq[kv[0][0]].id, kv[0][1])):
@@ -525,7 +551,7 @@ class RemoteDeployment(Deployment):
             with self.sink_lock:
                 return 0 if self.closed else self.sink.poll()
         except ChannelClosed as e:
-            self.fail(EngineError(f"query {self.query.name}: an output channel broke: {e}", "WORKER_DIED"))
+            self.cluster.blame(self, e)
         except Exception as e:  # a subscriber or a log failed: the deployment fails
             self.fail(EngineError(f"query {self.query.name}: delivering results failed: "
                                   f"{type(e).__name__}: {e}", "SINK"))
@@ -538,8 +564,12 @@ class RemoteDeployment(Deployment):
             try:
                 end.flush_blocking(SEND_TIMEOUT_S, self.check)
             except ChannelClosed as e:
-                self.fail(EngineError(f"query {self.query.name}: {e}", "WORKER_DIED"))
+                self.cluster.blame(self, e)
+                deadline = time.monotonic() + PEER_GRACE_S + 0.5
+                while self.error is None and time.monotonic() < deadline:
+                    time.sleep(0.01)
                 self.check()
+                raise
 
     def abort(self) -> None:
         super().abort()

@@ -1,9 +1,9 @@
 """The control connection between an engine and an instance manager: a hello, then typed records.
 
 The engine connects to the instance manager's address and sends a *hello*
-(a JSON frame: the token, the role ``control``, its run id); the instance
-manager checks the token and answers with its description (:class:`IMInfo`)
-or refuses and closes. Only after that does either side unpickle anything:
+(:mod:`sparkcep.runtime.channels.hello`: a JSON frame with the token and the
+role ``control``); the instance manager checks the token and answers with
+its description (:class:`IMInfo`) or refuses, logs and closes. Only after that does either side unpickle anything:
 the records that follow are pickled dataclasses (a :class:`Deploy` carries
 the query, whose user functions need cloudpickle). Each request has a
 ``number``; the instance manager answers it with :class:`Reply` or
@@ -13,7 +13,6 @@ the query, whose user functions need cloudpickle). Each request has a
 
 from __future__ import annotations
 
-import json
 import pickle
 import socket
 import struct
@@ -23,8 +22,7 @@ from sparkcep.errors import EngineError
 from sparkcep.runtime.layout import Endpoint
 from sparkcep.runtime.wiring import ChannelPlan
 
-FRAME = struct.Struct(">I")
-HELLO_LIMIT = 64 << 10  # bytes of a hello frame, read before the peer is known
+FRAME = struct.Struct("<I")
 RECORD_LIMIT = 256 << 20  # bytes of a control record (a query with large user functions fits)
 
 try:
@@ -132,23 +130,6 @@ def pickled(query) -> bytes:
     except Exception as e:
         raise EngineError(f"query {query.name!r} cannot be sent to the instance managers: {e}; "
                           "functions given to apply()/stateful() must be picklable", "PICKLE") from None
-
-
-def send_json(sock: socket.socket, obj: dict) -> None:
-    body = json.dumps(obj, separators=(",", ":")).encode()
-    sock.sendall(FRAME.pack(len(body)) + body)
-
-
-def recv_json(sock: socket.socket, limit: int = HELLO_LIMIT) -> dict:
-    """One JSON frame (blocking; the caller sets the socket's timeout)."""
-    body = _recv_frame(sock, limit)
-    try:
-        obj = json.loads(body)
-    except ValueError:
-        raise ControlError(f"a hello that is not JSON: {body[:60]!r}") from None
-    if not isinstance(obj, dict):
-        raise ControlError(f"a hello that is not a JSON object: {body[:60]!r}")
-    return obj
 
 
 def send_record(sock: socket.socket, record) -> None:

@@ -47,10 +47,12 @@ from sparkcep import auth
 from sparkcep.errors import EngineError, OperatorError
 from sparkcep.query.planner import plan
 from sparkcep.runtime import commands as cmd
-from sparkcep.runtime.channels import ChannelClosed, Doorbell, RingConsumer, RingProducer, create_ring
+from sparkcep.runtime.channels import ChannelClosed, Doorbell, RingConsumer, create_ring, hello, tcp
+from sparkcep.runtime.channels import consumer as open_consumer
+from sparkcep.runtime.channels import producer as open_producer
 from sparkcep.runtime.layout import Endpoint, Layout
 from sparkcep.runtime.metrics import EpochClock
-from sparkcep.runtime.topology import Topology, prefer_node
+from sparkcep.runtime.topology import Topology, pin, prefer_node
 from sparkcep.runtime.warmup import warm_up
 from sparkcep.runtime.wiring import SHM, host_key, host_runners
 
@@ -88,7 +90,6 @@ class Link:
 
     sock: socket.socket
     reader: cmd.RecordReader
-    engine: str
     peer: str
 
 
@@ -128,7 +129,7 @@ class InstanceManager:
         self.greeting: dict[socket.socket, float] = {}  # accepted, hello not read yet -> deadline
         self.hosted: dict[tuple[int, str], Hosted] = {}  # (id of the link, deployment id) -> part
         self.waiting: dict[str, tuple[Hosted, object]] = {}  # channel id -> pending network end
-        self.refused = 0
+        self.gate = tcp.Gate(token)  # checks every hello; counts the refused
         self.stopping = False
         self.process = psutil.Process()
         self.gc_pauses = GCPauses()
@@ -218,7 +219,7 @@ class InstanceManager:
         now = time.monotonic()
         for s, deadline in list(self.greeting.items()):
             if now > deadline:
-                self._refuse(s, "no hello")
+                self._stale(s)
 
     def _accept(self) -> None:
         while True:
@@ -235,38 +236,29 @@ class InstanceManager:
         """Read the hello of a new connection and hand it on: a control link or a channel end."""
         del self.greeting[s]
         try:
-            s.settimeout(HELLO_TIMEOUT_S)
-            hello = cmd.recv_json(s)
-        except (OSError, EngineError) as e:
-            self._refuse(s, f"bad hello: {e}")
+            greeting = self.gate.accept(s)  # refuses, logs and counts a connection without the token
+        except EngineError:
             return
-        if not auth.check(self.token, hello.get("token")):
-            self._refuse(s, "no valid token")
-            return
-        role = hello.get("role")
-        if role == "control":
-            cmd.send_json(s, {"ok": True, "info": vars(self.info())})
+        if greeting.role == hello.CONTROL:
+            hello.send_frame(s, {"ok": True, "info": vars(self.info())}, time.monotonic() + HELLO_TIMEOUT_S)
             s.setblocking(True)
             s.settimeout(None)
-            self.links[s] = Link(s, cmd.RecordReader(s), str(hello.get("engine", "")), _peer(s))
+            self.links[s] = Link(s, cmd.RecordReader(s), greeting.peer)
             return
-        waiting = self.waiting.pop(str(hello.get("channel")), None)
-        if waiting is None or role not in ("producer", "consumer"):
-            self._refuse(s, f"unknown channel {hello.get('channel')!r} (role {role!r})")
+        waiting = self.waiting.pop(greeting.channel, None)
+        if waiting is None:
+            self.gate.refuse(greeting, "no such channel here")
             return
-        cmd.send_json(s, {"ok": True})
-        s.setblocking(False)
-        waiting[1].attach(s)
-
-    def _refuse(self, s: socket.socket, why: str) -> None:
-        self.greeting.pop(s, None)
-        self.refused += 1
-        log.warning("instance manager %s refused a connection from %s: %s", self.name, _peer(s), why)
         try:
-            cmd.send_json(s, {"ok": False, "error": why})
-        except OSError:
-            pass
-        s.close()
+            waiting[1].attach(greeting)
+        except EngineError as e:
+            log.warning("instance manager %s: channel %s: %s", self.name, greeting.channel, e)
+
+    def _stale(self, s: socket.socket) -> None:
+        """A connection that said nothing within HELLO_TIMEOUT_S."""
+        del self.greeting[s]
+        self.gate.refused += 1
+        hello.say_no(s, _peer(s), "no hello in time")
 
     def _records(self, link: Link) -> None:
         try:
@@ -331,10 +323,12 @@ class InstanceManager:
                     h.inputs[(p, c)] = RingConsumer(path, self.bell, copy=stateful or not spec.zero_copy)
                     made[(p, c)] = f"shm:{path}"
                 else:  # we listen: the peer connects at start
-                    from sparkcep.runtime.channels import tcp
-                    end = tcp.pending_consumer() if c in mine else tcp.pending_producer()
-                    (h.inputs if c in mine else h.outputs)[(p, c)] = end
-                    self.waiting[cp.address.partition("/")[2]] = (h, end)
+                    channel = tcp.parse_address(cp.address)[2]
+                    if c in mine:
+                        end = h.inputs[(p, c)] = tcp.TcpConsumer(channel, copy=True)
+                    else:
+                        end = h.outputs[(p, c)] = tcp.TcpProducer(channel)
+                    self.waiting[channel] = (h, end)
         except BaseException:
             self._undeploy(link, spec.id)
             raise
@@ -346,14 +340,9 @@ class InstanceManager:
         spec = h.spec
         for (p, c), cp in spec.channels.items():
             if p in h.mine and (p, c) not in h.outputs:
-                if cp.transport == SHM:
-                    h.outputs[(p, c)] = RingProducer(addresses[(p, c)].partition(":")[2], self.bell)
-                else:
-                    from sparkcep.runtime.channels import tcp
-                    h.outputs[(p, c)] = tcp.connect_producer(cp.address, self.token)
+                h.outputs[(p, c)] = open_producer(addresses.get((p, c), cp.address), self.bell, token=self.token)
             if c in h.mine and (p, c) not in h.inputs:  # a network channel whose producer listens
-                from sparkcep.runtime.channels import tcp
-                h.inputs[(p, c)] = tcp.connect_consumer(cp.address, self.token)
+                h.inputs[(p, c)] = open_consumer(cp.address, token=self.token)
         for end in h.outputs.values():
             if hasattr(end, "map_pages"):
                 end.map_pages()  # the consumer touched its ring first (NUMA placement)
@@ -387,7 +376,7 @@ class InstanceManager:
         return {"deployments": deps, "bytes_in": bytes_in, "bytes_out": bytes_out,
                 "cpu_s": cpu.user + cpu.system, "rss": mem.rss, "cpu_num": self.process.cpu_num(),
                 "pid": os.getpid(), "time": time.monotonic(), "gc": self.gc_pauses.snapshot(),
-                "refused_connections": self.refused}
+                "refused_connections": self.gate.refused}
 
     def close(self) -> None:
         for link in list(self.links.values()):
@@ -467,7 +456,7 @@ def run(args) -> int:
     try:
         token = auth.read(args.token_file)
         if args.cpus:
-            os.sched_setaffinity(0, set(parse_cpulist(args.cpus)))
+            pin(parse_cpulist(args.cpus))
         cpus = sorted(os.sched_getaffinity(0))
         node = Topology.load(args.topology).node_of(cpus[0])
         prefer_node(node)
@@ -480,6 +469,7 @@ def run(args) -> int:
         host, port = server.getsockname()[:2]
         im = InstanceManager(args.name or f"worker-{host}-{port}", server, token, once=args.once, node=node)
     except (EngineError, OSError, ValueError) as e:
+        print(f"FAILED {e}", flush=True)  # an engine that started us reads it instead of READY
         print(f"sparkcep worker: {e}", file=sys.stderr, flush=True)
         return 1
     print("READY " + json.dumps(vars(im.info())), flush=True)

@@ -116,15 +116,13 @@ class Topology:
         return [c for n in sorted(self.nodes) for c in self.nodes[n]]
 
 
-def pin(cpu: int | None) -> None:
-    """Pin this process to ``cpu`` (EngineError PIN when it is not available)."""
-    if cpu is None:
-        return
+def pin(cpus: list[int]) -> None:
+    """Pin this process to ``cpus`` (EngineError PIN when one is not available)."""
     try:
-        os.sched_setaffinity(0, {cpu})
+        os.sched_setaffinity(0, set(cpus))
     except OSError as e:
-        raise EngineError(f"cannot pin to cpu {cpu}: {e}; cpus available: {sorted(os.sched_getaffinity(0))}",
-                          "PIN") from None
+        raise EngineError(f"cannot pin to cpu {','.join(map(str, cpus))}: {e}; cpus available: "
+                          f"{sorted(os.sched_getaffinity(0))}", "PIN") from None
 
 
 def prefer_node(node: int | None) -> bool:

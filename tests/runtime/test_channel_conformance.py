@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparkcep.control import auth
+from sparkcep import auth
 from sparkcep.runtime.channels import (Abort, ChannelClosed, Configure, Data, Doorbell, Gate, Progress, RingConsumer,
                                        RingProducer, TcpConsumer, create_ring, ring, tcp)
 

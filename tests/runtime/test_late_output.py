@@ -126,5 +126,5 @@ def test_sparkcep_status_shows_late_tuples_per_stream_and_operator():
         engine.deploy(query("shown"))
         for stream, rows in sends:
             engine.send(stream, table(rows, EV))
-        text = render({"address": "x", "pid": 1}, engine.metrics(), [])
+        text = render({"address": "x", "pid": 1}, engine.metrics())
     assert "late tuples: agg 1" in text and "ev: shown.agg 1" in text

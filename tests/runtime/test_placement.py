@@ -140,7 +140,7 @@ def test_a_local_engine_pins_its_instance_managers_and_explains_placement():
     for i, m in ims.items():
         assert m["cpu"] == cpus[i % len(cpus)]
         assert m["cpu_num"] == m["cpu"]  # psutil sees it running where it was pinned
-        assert f"instance manager {i} (pid {m['pid']}, cpu {m['cpu']}, node {m['node']})" in text
+        assert f"instance manager im-{i} ({m['address']}, pid {m['pid']}, cpu {m['cpu']}, node {m['node']})" in text
     assert "SQ1 x2" in text
 
 

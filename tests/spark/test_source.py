@@ -54,7 +54,8 @@ def test_option_errors(spark, engine):
 
 def test_token_file_option(spark, engine, tmp_path):
     """An explicit token file wins over the one the engine wrote under $SPARKCEP_HOME."""
-    from sparkcep.control import auth, discovery
+    from sparkcep import auth
+    from sparkcep.control import discovery
 
     engine.deploy(demo_query())
     engine.send("connections", connections(5))

@@ -190,8 +190,9 @@ class Consumer(ABC):
         """Is a message (or the end of the channel) waiting? False once closed."""
 
     @abstractmethod
-    def fileno(self) -> int:
-        """A file descriptor that becomes readable when the producer sends after :meth:`sleep_flag`."""
+    def fileno(self) -> int | None:
+        """A file descriptor that becomes readable when the producer sends after :meth:`sleep_flag`
+        (None while there is none yet: a network end waiting for its peer's connection)."""
 
     def sleep_flag(self, on: bool) -> None:
         """Say the owner is about to sleep on :meth:`fileno` (so the producer must wake it)."""

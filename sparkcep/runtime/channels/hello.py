@@ -8,7 +8,9 @@ the capacity when it is the producer. The service hands the accepted socket
 to its :class:`Gate`, which reads that frame within a timeout and checks the
 token; a connection without the right token, or with a malformed or late
 hello, is answered ``{"ok": false, "error"}``, logged, counted and closed.
-A verified :class:`Hello` goes to the end the service created for the
+An instance manager's services take engines' control connections the same
+way (role ``control``, no channel; :mod:`sparkcep.runtime.commands`). A
+verified channel :class:`Hello` goes to the end the service created for the
 channel, which answers ``{"ok": true, "capacity"}``
 (:meth:`sparkcep.runtime.channels.tcp.TcpProducer.attach`). Nothing here
 is unpickled: frames are JSON.
@@ -23,12 +25,13 @@ import struct
 import time
 from dataclasses import dataclass
 
-from sparkcep.control.auth import AuthError, check as token_matches  # moves to sparkcep.auth
+from sparkcep.auth import AuthError, check as token_matches
 from sparkcep.errors import EngineError
 
 log = logging.getLogger(__name__)
 
 ROLES = ("producer", "consumer")
+CONTROL = "control"  # the role of an engine's control connection to an instance manager
 HELLO_MAX = 4096  # bytes of a hello or its answer
 HELLO_TIMEOUT_S = 5.0
 FRAME = struct.Struct("<I")  # the JSON's length
@@ -95,8 +98,13 @@ def read_frame(sock: socket.socket, deadline: float) -> dict:
 
 
 def _hello_fields(fields: dict) -> tuple[str, str, int | None]:
-    """(channel, role, capacity) of a hello; ValueError when one is missing or malformed."""
+    """(channel, role, capacity) of a hello; ValueError when one is missing or malformed.
+
+    An engine's control connection to an instance manager says role ``control`` and no channel.
+    """
     channel, role, capacity = fields.get("channel"), fields.get("role"), fields.get("capacity")
+    if role == CONTROL:
+        return "", CONTROL, None
     if not isinstance(channel, str) or not 0 < len(channel) <= 256:
         raise ValueError(f"channel {channel!r}: expected a string of 1-256 characters")
     if role not in ROLES:

@@ -206,11 +206,10 @@ class _End:
                 sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
         self.sock, self.peer = sock, peer
 
-    def fileno(self) -> int:
-        """The socket: readable when the peer sent something (records, acknowledgements) or left."""
-        if self.sock is None:
-            raise EngineError(f"{self} is not connected yet: nothing to wait on", "CHANNEL")
-        return self.sock.fileno()
+    def fileno(self) -> int | None:
+        """The socket: readable when the peer sent something (records, acknowledgements) or left;
+        None while the end waits for its peer's connection (the service's listening socket wakes its owner)."""
+        return None if self.sock is None else self.sock.fileno()
 
 
 class TcpProducer(_End, Producer):
