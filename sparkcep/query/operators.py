@@ -8,7 +8,7 @@ Each ``Stream`` method returns a new stream; the query records the graph.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import pyarrow as pa
 
@@ -19,9 +19,6 @@ from sparkcep.query.running import Running
 from sparkcep.query.windows import TimeWindow, TupleWindow
 from sparkcep.schema import Schema, as_schema
 
-if TYPE_CHECKING:
-    from sparkcep.query.query import Query
-
 
 class Operator:
     """A node of the query graph. ``stateful`` operators start a sub-query."""
@@ -29,7 +26,7 @@ class Operator:
     kind = "operator"
     stateful = False
 
-    def __init__(self, query: "Query", inputs: list["Operator"], schema: Schema, name: str | None):
+    def __init__(self, query, inputs: list["Operator"], schema: Schema, name: str | None):
         self.query, self.inputs, self.schema = query, inputs, schema
         self.name = query._register(self, name)
 

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 
 from sparkcep.errors import QueryError
 from sparkcep.query.operators import Aggregate, Custom, Join, Operator, Source
-from sparkcep.query.query import Query
 
 POINT_TO_POINT, ROUND_ROBIN, ROUTE_KEY, BROADCAST = "point-to-point", "round-robin", "route-key", "broadcast"
 
@@ -56,7 +55,7 @@ class SubQuery:
 
 @dataclass
 class Plan:
-    query: Query
+    query: object  # the sparkcep.Query planned
     subqueries: list[SubQuery]
     sq_of: dict[str, SubQuery]  # operator name -> its sub-query (sources absent)
 
@@ -80,7 +79,7 @@ class Plan:
         return "\n".join(lines)
 
 
-def plan(query: Query) -> Plan:
+def plan(query) -> Plan:
     """The sub-query plan of ``query`` (only operators that feed an output)."""
     if not query.outputs:
         raise QueryError(f"query {query.name!r} has no output; declare one with q.output(name, stream)")
@@ -121,7 +120,7 @@ def _edge(src: Operator, dst: Operator, port: int) -> Edge:
     return Edge(src, dst, port, ROUND_ROBIN)
 
 
-def _feeding_outputs(query: Query) -> set[str]:
+def _feeding_outputs(query) -> set[str]:
     live, todo = set(), list(query.outputs.values())
     while todo:
         op = todo.pop()

@@ -3,10 +3,11 @@
 An *endpoint* is the engine (``ENGINE``: it hosts the sources and the output
 logs) or one sub-query instance ``(sub-query name, index)``. There is one
 channel per (producer, consumer) pair that an edge or an output connects;
-each message on it names its *port*: an edge of the plan, or an output
-operator (see :meth:`Layout.port_kind`). The engine process and every
-instance manager compute the same layout from the same plan and parallelism,
-so only names and numbers cross process boundaries.
+each message on it names its *port*: an edge of the plan (its index in
+:attr:`Layout.edges`), or an output operator (ports after the edges, see
+:meth:`Layout.output_names`). The engine process and every instance manager
+compute the same layout from the same plan and parallelism, so only names
+and numbers cross process boundaries.
 """
 
 from __future__ import annotations
@@ -95,9 +96,6 @@ class Layout:
             return list(self.plan.query.sources)
         sq = self.sq[producer[0]]
         return [op.name for op in sq.operators if op.name in self.out_port or op.name in self.edges_from]
-
-    def edge(self, port: int) -> Edge:
-        return self.edges[port]
 
     def output_names(self, port: int) -> list[str]:
         return self.outputs_of[self.out_ops[port - len(self.edges)]]
