@@ -34,16 +34,13 @@ from sparkcep import auth
 from sparkcep.errors import EngineError
 from sparkcep.query.query import Query
 from sparkcep.runtime import commands as cmd
-from sparkcep.runtime.channels import (DEFAULT_CAPACITY, ChannelClosed, Doorbell, RingConsumer, RingProducer,
-                                       create_ring, hello, unlink_quietly)
-from sparkcep.runtime.channels import consumer as open_consumer
-from sparkcep.runtime.channels import producer as open_producer
+from sparkcep.runtime.channels import DEFAULT_CAPACITY, ChannelClosed, Doorbell, RingConsumer, hello
 from sparkcep.runtime.deployment import Deployment
 from sparkcep.runtime.layout import ENGINE, Endpoint
 from sparkcep.runtime.placement import Slot, im_slots, place
 from sparkcep.runtime.sink import Sink
 from sparkcep.runtime.topology import Topology
-from sparkcep.runtime.wiring import SHM, host_key, plan_channels, source_router
+from sparkcep.runtime.wiring import ChannelEnds, host_key, plan_channels, source_router
 
 START_TIMEOUT_S = 120.0
 REPLY_TIMEOUT_S = 30.0
@@ -106,21 +103,12 @@ class Cluster:
     def spawn(self, n: int) -> None:
         """Start ``n`` instance managers on this machine's cores, nearest NUMA nodes first."""
         slots = [Slot(len(self.ims) + s.index, s.cpu, s.node) for s in im_slots(self.machine, n)]
-        # they import what this process imports: the same sparkcep, and the modules of the query's functions
-        root = os.path.dirname(os.path.dirname(sparkcep.__file__))
-        paths = [root] + [p for p in sys.path if p and os.path.isdir(p)]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
-        procs = []
-        for slot in slots:
-            cmd_line = [sys.executable, "-m", "sparkcep", "worker", "--listen", f"{ENGINE_HOST}:0",
-                        "--cpus", str(slot.cpu), "--name", f"im-{slot.index}", "--token-file", self.token_file,
-                        "--once"]
-            procs.append((slot, subprocess.Popen(cmd_line, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                                 env=env, preexec_fn=_die_with_parent)))
+        procs = [(slot, start_worker(f"im-{slot.index}", slot.cpu, f"{ENGINE_HOST}:0", self.token_file))
+                 for slot in slots]
         deadline = time.monotonic() + START_TIMEOUT_S
         try:
             for slot, proc in procs:
-                info = _ready_line(proc, f"instance manager im-{slot.index} (cpu {slot.cpu})", deadline)
+                info = ready_line(proc, f"instance manager im-{slot.index} (cpu {slot.cpu})", deadline)
                 self._link(info["address"], proc, slot)
         except BaseException:
             for _, proc in procs:
@@ -432,8 +420,25 @@ def _path(directory: str, name: str):
     return Path(directory) / name
 
 
+def start_worker(name: str, cpu: int, listen: str, token_file: str) -> subprocess.Popen:
+    """Start ``sparkcep worker --once`` pinned to ``cpu``, listening on ``listen`` (``host:port``).
+
+    It imports what this process imports (the same sparkcep, and the modules
+    of the query's functions), gets SIGTERM when this process dies, and
+    prints its READY line on the pipe :func:`ready_line` reads. The engine and
+    the Spark executor launcher start their instance managers so.
+    """
+    root = os.path.dirname(os.path.dirname(sparkcep.__file__))
+    paths = [root] + [p for p in sys.path if p and os.path.isdir(p)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
+    cmd_line = [sys.executable, "-m", "sparkcep", "worker", "--listen", listen, "--cpus", str(cpu),
+                "--name", name, "--token-file", token_file, "--once"]
+    return subprocess.Popen(cmd_line, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env,
+                            preexec_fn=_die_with_parent)
+
+
 def _die_with_parent() -> None:
-    """In a started instance manager, before exec: SIGTERM when the engine process dies (Linux)."""
+    """In a started instance manager, before exec: SIGTERM when the process that started it dies (Linux)."""
     try:
         import ctypes
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
@@ -441,7 +446,7 @@ def _die_with_parent() -> None:
         pass
 
 
-def _ready_line(proc: subprocess.Popen, what: str, deadline: float) -> dict:
+def ready_line(proc: subprocess.Popen, what: str, deadline: float) -> dict:
     """The description a started instance manager prints on its READY line."""
     out = proc.stdout
     line = b""
@@ -488,51 +493,34 @@ class RemoteDeployment(Deployment):
         address_of = {ENGINE: None, **{ep: ims[i].info.address for ep, i in self.assignment.items()}}
         plans = plan_channels(layout, host_of, address_of, self.id)
         self.hosts = sorted(set(self.assignment.values()))
-        self._inputs: dict = {}
-        self._outputs: dict = {}
-        tag = "".join(ch if ch.isalnum() else "_" for ch in self.id)
+        self.ends = ChannelEnds(self.id, plans, {ENGINE}, cluster.dir, cluster.sink_bell, cluster.send_bell,
+                                cluster.token, cluster.ring_bytes, batches_stay=True)
+        owners = {op: t.owners.tolist() for op, t in self.tables.items()}
         try:
-            for n, ((p, c), cp) in enumerate(plans.items()):  # the rings this process consumes
-                if c == ENGINE and cp.transport == SHM:
-                    path = os.path.join(cluster.dir, f"{tag}-{n}")
-                    create_ring(path, cluster.ring_bytes, cluster.sink_bell.path)
-                    self._inputs[(p, c)] = RingConsumer(path, cluster.sink_bell, copy=True)
-                    cp.address = f"shm:{path}"
+            made = self.ends.open_first()  # the rings this process consumes
             query = cmd.pickled(self.query)
-            owners = {op: t.owners.tolist() for op, t in self.tables.items()}
             names = {ep: ims[i].name for ep, i in self.assignment.items()}
 
             def touching(i):
                 return {k: v for k, v in plans.items() if self.assignment.get(k[0]) == i or self.assignment.get(k[1]) == i}
-            made = {}
             for value in cluster.request_all(self.hosts, lambda i, number: cmd.Deploy(number, cmd.DeploySpec(
                     self.id, query, self.parallelism, self.bins, owners, names, touching(i),
                     cluster.ring_bytes))).values():
                 made.update(value)
-            addresses = {k: cp.address for k, cp in plans.items() if cp.address} | made
-            for (p, c), cp in plans.items():  # this process's other ends
-                if p == ENGINE:
-                    self._outputs[(p, c)] = open_producer(addresses[(p, c)], cluster.send_bell, batches_stay=True,
-                                                          token=cluster.token)
-                elif c == ENGINE and cp.transport != SHM:
-                    self._inputs[(p, c)] = open_consumer(cp.address, token=cluster.token)
+            self.ends.open_rest(made)
             for i in self.hosts:  # one at a time: two instance managers connecting to each other wait on each other
                 cluster.request_all([i], lambda i, number: cmd.Start(
-                    number, self.id, {k: addresses[k] for k in touching(i) if k in addresses}))
-            for end in self._outputs.values():
-                if isinstance(end, RingProducer):
-                    end.map_pages()
+                    number, self.id, {k: made[k] for k in touching(i) if k in made}))
         except BaseException:
             self._undeploy_parts()
             raise
         finally:
-            for name in os.listdir(cluster.dir):  # every end is open: the ring files can go
-                if name.startswith(tag + "-"):
-                    unlink_quietly(os.path.join(cluster.dir, name))
+            self.ends.unlink()  # every end is open: the ring files can go
         self.runners = []
-        self._source_channels = {c: self._outputs[(ENGINE, c)] for c in layout.consumers(ENGINE)}
-        self.source_router = source_router(layout, self.bins, owners, self._outputs)
-        self.sink = Sink(layout, self.logs, self.clock, {p: self._inputs[(p, ENGINE)] for p in layout.producers(ENGINE)})
+        self._source_channels = {c: self.ends.outputs[(ENGINE, c)] for c in layout.consumers(ENGINE)}
+        self.source_router = source_router(layout, self.bins, owners, self.ends.outputs)
+        self.sink = Sink(layout, self.logs, self.clock,
+                         {p: self.ends.inputs[(p, ENGINE)] for p in layout.producers(ENGINE)})
         with cluster.lock:
             cluster.deployments[self.id] = self
 
@@ -636,5 +624,5 @@ class RemoteDeployment(Deployment):
             pass
         with self.sink_lock:
             self.closed = True
-        for end in list(self._outputs.values()) + list(self._inputs.values()):
-            end.close()
+        if hasattr(self, "ends"):
+            self.ends.close()

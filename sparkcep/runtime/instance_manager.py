@@ -47,14 +47,12 @@ from sparkcep import auth
 from sparkcep.errors import EngineError, OperatorError
 from sparkcep.query.planner import plan
 from sparkcep.runtime import commands as cmd
-from sparkcep.runtime.channels import ChannelClosed, Doorbell, RingConsumer, create_ring, hello, tcp
-from sparkcep.runtime.channels import consumer as open_consumer
-from sparkcep.runtime.channels import producer as open_producer
+from sparkcep.runtime.channels import ChannelClosed, Doorbell, hello, tcp
 from sparkcep.runtime.layout import Endpoint, Layout
 from sparkcep.runtime.metrics import EpochClock
 from sparkcep.runtime.topology import Topology, pin, prefer_node
 from sparkcep.runtime.warmup import warm_up
-from sparkcep.runtime.wiring import SHM, host_key, host_runners
+from sparkcep.runtime.wiring import ChannelEnds, host_key, host_runners
 
 log = logging.getLogger("sparkcep")
 
@@ -74,14 +72,9 @@ class Hosted:
     spec: cmd.DeploySpec
     layout: Layout
     mine: list[Endpoint]
-    inputs: dict = field(default_factory=dict)  # (producer, consumer) -> consumer end
-    outputs: dict = field(default_factory=dict)  # (producer, consumer) -> producer end
+    ends: ChannelEnds
     runners: list = field(default_factory=list)
     failed: bool = False
-
-    @property
-    def ends(self) -> list:
-        return list(self.inputs.values()) + list(self.outputs.values())
 
 
 @dataclass
@@ -128,7 +121,6 @@ class InstanceManager:
         self.links: dict[socket.socket, Link] = {}
         self.greeting: dict[socket.socket, float] = {}  # accepted, hello not read yet -> deadline
         self.hosted: dict[tuple[int, str], Hosted] = {}  # (id of the link, deployment id) -> part
-        self.waiting: dict[str, tuple[Hosted, object]] = {}  # channel id -> pending network end
         self.gate = tcp.Gate(token)  # checks every hello; counts the refused
         self.stopping = False
         self.process = psutil.Process()
@@ -181,8 +173,8 @@ class InstanceManager:
 
     def _sleep(self) -> None:
         live = [h for h in self.hosted.values() if not h.failed]
-        consumers = [end for h in live for end in h.inputs.values()]
-        producers = [end for h in live for end in h.outputs.values() if end.backlog_bytes]
+        consumers = [end for h in live for end in h.ends.inputs.values()]
+        producers = [end for h in live for end in h.ends.outputs.values() if end.backlog_bytes]
         for end in consumers + producers:
             end.sleep_flag(True)
         try:
@@ -245,12 +237,13 @@ class InstanceManager:
             s.settimeout(None)
             self.links[s] = Link(s, cmd.RecordReader(s), greeting.peer)
             return
-        waiting = self.waiting.pop(greeting.channel, None)
-        if waiting is None:
+        end = next((h.ends.waiting.pop(greeting.channel) for h in self.hosted.values()
+                    if greeting.channel in h.ends.waiting), None)
+        if end is None:
             self.gate.refuse(greeting, "no such channel here")
             return
         try:
-            waiting[1].attach(greeting)
+            end.attach(greeting)
         except EngineError as e:
             log.warning("instance manager %s: channel %s: %s", self.name, greeting.channel, e)
 
@@ -309,57 +302,28 @@ class InstanceManager:
         """Create the hosted instances' first channel ends; returns the addresses of the rings made here."""
         layout = Layout(plan(pickle.loads(spec.query)), spec.parallelism)
         mine = [ep for ep in layout.instances() if spec.assignment[ep] == self.name]
-        h = Hosted(link, spec, layout, mine)
-        self.hosted[(id(link), spec.id)] = h
-        made = {}
+        ends = ChannelEnds(spec.id, spec.channels, set(mine), self.shm_dir, self.bell, self.bell, self.token,
+                           spec.ring_bytes, copy_of=lambda c: layout.sq[c[0]].head.stateful or not spec.zero_copy)
+        self.hosted[(id(link), spec.id)] = Hosted(link, spec, layout, mine, ends)
         try:
-            for n, ((p, c), cp) in enumerate(spec.channels.items()):
-                if cp.first not in mine:
-                    continue
-                if cp.transport == SHM:  # we consume: the ring is ours to create
-                    path = os.path.join(self.shm_dir, f"{_tag(spec.id)}-{n}")
-                    create_ring(path, spec.ring_bytes, self.bell.path)
-                    stateful = layout.sq[c[0]].head.stateful
-                    h.inputs[(p, c)] = RingConsumer(path, self.bell, copy=stateful or not spec.zero_copy)
-                    made[(p, c)] = f"shm:{path}"
-                else:  # we listen: the peer connects at start
-                    channel = tcp.parse_address(cp.address)[2]
-                    if c in mine:
-                        end = h.inputs[(p, c)] = tcp.TcpConsumer(channel, copy=True)
-                    else:
-                        end = h.outputs[(p, c)] = tcp.TcpProducer(channel)
-                    self.waiting[channel] = (h, end)
+            return ends.open_first()
         except BaseException:
             self._undeploy(link, spec.id)
             raise
-        return made
 
     def _start(self, link: Link, dep: str, addresses: dict) -> dict:
         """Open the other ends (ring producers, connections to listening peers); build the instances."""
         h = self.hosted[(id(link), dep)]
-        spec = h.spec
-        for (p, c), cp in spec.channels.items():
-            if p in h.mine and (p, c) not in h.outputs:
-                h.outputs[(p, c)] = open_producer(addresses.get((p, c), cp.address), self.bell, token=self.token)
-            if c in h.mine and (p, c) not in h.inputs:  # a network channel whose producer listens
-                h.inputs[(p, c)] = open_consumer(cp.address, token=self.token)
-        for end in h.outputs.values():
-            if hasattr(end, "map_pages"):
-                end.map_pages()  # the consumer touched its ring first (NUMA placement)
-        h.runners = host_runners(h.layout, spec.bins, spec.owners, h.mine, h.inputs, h.outputs, EpochClock())
+        h.ends.open_rest(addresses)
+        h.runners = host_runners(h.layout, h.spec.bins, h.spec.owners, h.mine, h.ends.inputs, h.ends.outputs,
+                                 EpochClock())
         return {"instances": [r.name for r in h.runners], "pid": os.getpid()}
 
     def _undeploy(self, link: Link, dep: str) -> None:
         h = self.hosted.pop((id(link), dep), None)
-        if h is None:
-            return
-        self.waiting = {k: v for k, v in self.waiting.items() if v[0] is not h}
-        h.runners.clear()
-        for end in h.ends:
-            end.close()
-        for name in os.listdir(self.shm_dir):
-            if name.startswith(_tag(dep) + "-"):
-                os.unlink(os.path.join(self.shm_dir, name))
+        if h is not None:
+            h.runners.clear()
+            h.ends.close()
 
     def snapshot(self, link: Link) -> dict:
         """Counters of the link's hosted instances, plus this process's bytes in/out, CPU, memory, GC pauses."""
@@ -369,8 +333,8 @@ class InstanceManager:
             if owner == id(link):
                 deps[dep_id] = {r.endpoint: {**r.counters.snapshot(), "queue": r.queued(), "late": r.late()}
                                 for r in h.runners}
-            bytes_in += sum(getattr(end, "bytes_in", 0) for end in h.inputs.values())
-            bytes_out += sum(getattr(end, "bytes_out", 0) for end in h.outputs.values())
+            bytes_in += sum(getattr(end, "bytes_in", 0) for end in h.ends.inputs.values())
+            bytes_out += sum(getattr(end, "bytes_out", 0) for end in h.ends.outputs.values())
         mem = self.process.memory_info()
         cpu = self.process.cpu_times()
         return {"deployments": deps, "bytes_in": bytes_in, "bytes_out": bytes_out,
@@ -386,10 +350,6 @@ class InstanceManager:
         self.server.close()
         self.bell.close()
         shutil.rmtree(self.shm_dir, ignore_errors=True)
-
-
-def _tag(dep_id: str) -> str:
-    return "".join(ch if ch.isalnum() else "_" for ch in dep_id)
 
 
 def _peer(s: socket.socket) -> str:

@@ -13,11 +13,15 @@ first (and reports ring addresses), *start* opens the others.
 
 from __future__ import annotations
 
+import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 
 from sparkcep.runtime.balancers import Router, bin_tables
+from sparkcep.runtime.channels import Doorbell, RingConsumer, RingProducer, create_ring, tcp, unlink_quietly
+from sparkcep.runtime.channels import consumer as open_consumer
+from sparkcep.runtime.channels import producer as open_producer
 from sparkcep.runtime.instance import InstanceRunner
 from sparkcep.runtime.layout import ENGINE, Endpoint, Layout
 from sparkcep.runtime.metrics import EpochClock
@@ -77,6 +81,81 @@ def plan_channels(layout: Layout, host_of: dict[Endpoint, str], address_of: dict
 
 def _name(ep: Endpoint) -> str:
     return f"{ep[0]}.{ep[1]}"
+
+
+@dataclass
+class ChannelEnds:
+    """The channel ends one process (an instance manager, or the engine) holds for one deployment.
+
+    ``mine``: the endpoints the process runs; ``plans``: the channels touching
+    them. Rings it consumes are created in ``shm_dir`` (consumers sleep on
+    ``consumer_bell``; producers wait for room on ``producer_bell``);
+    ``copy_of(consumer)``: whether batches received there must own their memory.
+    """
+
+    deployment: str
+    plans: dict
+    mine: set
+    shm_dir: str
+    consumer_bell: Doorbell
+    producer_bell: Doorbell
+    token: str
+    ring_bytes: int
+    copy_of: object = None
+    batches_stay: bool = False  # the engine's sources keep their batches until the channels took them
+    inputs: dict = field(default_factory=dict)  # (producer, consumer) -> consumer end
+    outputs: dict = field(default_factory=dict)  # (producer, consumer) -> producer end
+    waiting: dict = field(default_factory=dict)  # channel id -> a network end waiting for its peer
+
+    def open_first(self) -> dict:
+        """Deploy step: create the rings this process consumes, and the network ends it listens for.
+
+        Returns the addresses of the rings made, for their producers.
+        """
+        made = {}
+        tag = "".join(ch if ch.isalnum() else "_" for ch in self.deployment)
+        for n, ((p, c), cp) in enumerate(self.plans.items()):
+            if cp.first not in self.mine:
+                continue
+            if cp.transport == SHM:  # we consume: the ring is ours to create
+                path = os.path.join(self.shm_dir, f"{tag}-{n}")
+                create_ring(path, self.ring_bytes, self.consumer_bell.path)
+                copy = True if self.copy_of is None else self.copy_of(c)
+                self.inputs[(p, c)] = RingConsumer(path, self.consumer_bell, copy=copy)
+                made[(p, c)] = f"shm:{path}"
+            else:  # we listen: the peer connects at start
+                channel = tcp.parse_address(cp.address)[2]
+                if c in self.mine:
+                    self.waiting[channel] = self.inputs[(p, c)] = tcp.TcpConsumer(channel, copy=True)
+                else:
+                    self.waiting[channel] = self.outputs[(p, c)] = tcp.TcpProducer(channel)
+        return made
+
+    def open_rest(self, addresses: dict) -> None:
+        """Start step: open the producer ends of rings others made, and connect to listening peers."""
+        for (p, c), cp in self.plans.items():
+            if p in self.mine and (p, c) not in self.outputs:
+                self.outputs[(p, c)] = open_producer(addresses.get((p, c), cp.address), self.producer_bell,
+                                                     batches_stay=self.batches_stay, token=self.token)
+            if c in self.mine and (p, c) not in self.inputs:  # a network channel whose producer listens
+                self.inputs[(p, c)] = open_consumer(cp.address, token=self.token)
+        for end in self.outputs.values():
+            if isinstance(end, RingProducer):
+                end.map_pages()  # the consumer touched its ring first (NUMA placement)
+
+    def unlink(self) -> None:
+        """Remove this deployment's ring files (mapped by both ends, they live on until closed)."""
+        tag = "".join(ch if ch.isalnum() else "_" for ch in self.deployment)
+        for name in os.listdir(self.shm_dir):
+            if name.startswith(tag + "-"):
+                unlink_quietly(os.path.join(self.shm_dir, name))
+
+    def close(self) -> None:
+        """Close every end: inputs first, so peers closing towards us do not wait for us."""
+        for end in list(self.inputs.values()) + list(self.outputs.values()):
+            end.close()
+        self.waiting.clear()
+        self.unlink()
 
 
 def host_runners(layout: Layout, bins: int, owners: dict[str, list[int]] | None, endpoints: list[Endpoint],

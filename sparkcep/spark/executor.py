@@ -1,176 +1,290 @@
-"""The launcher the JVM plugin runs with each Spark executor: its instance managers, pinned and registered.
+"""The launcher the JVM plugin runs with each Spark executor: its instance managers, for the engine that is up.
 
-``python -m sparkcep.spark.executor --executor-id ID [--host H] [--instance-managers N] [--engine HOST:PORT]``
+``python -m sparkcep.spark.executor --executor-id ID [--instance-managers N] [--engine HOST:PORT]
+[--token-file PATH] [--listen loopback|host|HOST[:PORT]]``
 
-1. starts N instance managers (default: one per CPU this process may run on),
-   each pinned to one CPU (round robin over the allowed CPUs);
-2. prints one line ``READY {"executor": ..., "instance_managers": [...]}`` on stdout;
-3. registers them with the engine endpoint (retrying every second until an
-   engine is reachable: the engine may start after the SparkSession);
-4. waits until its standard input closes (the plugin's ``shutdown``, or the
-   executor JVM dying) or it gets SIGTERM; then stops the instance managers
-   (SIGTERM, then SIGKILL after 5 s), deregisters them and exits 0.
+What it does, each step logged on its stderr (the executor's stderr):
 
-Instance-manager contract (``sparkcep.runtime.instance_manager``): run as
-``python -m sparkcep.runtime.instance_manager --name NAME --cpu CPU --engine ADDRESS``
-(``--engine`` omitted when the local engine is meant), run until SIGTERM and
-exit 0 then. The launcher pins it and arranges SIGTERM on the launcher's own
-death (``PR_SET_PDEATHSIG``). Until that module exists, the launcher starts
-*standby* processes (``--standby``): pinned, idle, registered with
-``"kind": "standby"``, so the lifecycle is in place and visible.
+1. waits for an engine, looking every second: the one at ``--engine`` with
+   the token of ``--token-file`` (default: the token file an engine of this
+   machine writes), else the local engine (``$SPARKCEP_HOME/local.json``);
+2. starts N ``sparkcep worker`` processes (default: one per CPU it may run
+   on), each pinned to one CPU (executor k starts at CPU k*N, so executors
+   of one host spread), listening on loopback, or on ``--listen``: ``host``
+   (this host's address: ``$SPARK_LOCAL_IP`` or what its name resolves to)
+   or ``HOST[:PORT]`` (worker i on PORT+i). An engine on another host cannot
+   reach loopback: the launcher then says so and starts nothing;
+3. registers each with the engine (``register_im``: the engine connects to
+   it with its token and deploys to it from then on);
+4. watches, every second: when the engine goes away (or another run answers
+   at its address) its workers stop (they also exit by themselves when the
+   engine drops them: ``--once``) and the launcher goes back to 1, so it
+   serves the next engine with that engine's token; a worker that exits
+   while its engine stays is started and registered again, after a pause
+   that doubles up to a minute while failures repeat;
+5. stops its workers (SIGTERM, SIGKILL after 5 s) and exits 0 when its
+   standard input closes (the plugin's shutdown, or the executor JVM dying)
+   or on SIGTERM. Workers get SIGTERM if the launcher dies (``PR_SET_PDEATHSIG``).
+
+Failures to find, reach or register with an engine are logged (once per
+distinct reason while waiting) and retried; none ends the launcher, so a
+misconfiguration never costs the executor its life.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
-import importlib.util
-import json
+import ipaddress
+import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
+from sparkcep import auth
+from sparkcep.control.client import EngineClient, resolve
 from sparkcep.errors import SparkcepError
+from sparkcep.runtime.cluster import START_TIMEOUT_S, ready_line, start_worker
 
-IM_MODULE = "sparkcep.runtime.instance_manager"
+log = logging.getLogger("sparkcep.spark.executor")
+
+POLL_S = 1.0       # how often the engine and the workers are looked at
+MAX_PAUSE_S = 60.0  # longest pause between attempts that keep failing
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the launcher dies (Linux)."""
+@dataclass
+class Target:
+    """An engine to serve: its endpoint address, run id and token."""
+
+    address: str
+    run: str
+    token: str
+
+
+@dataclass
+class Worker:
+    """One ``sparkcep worker`` of this executor."""
+
+    name: str
+    cpu: int
+    listen: str
+    process: subprocess.Popen
+    address: str = ""
+
+
+def find_engine(engine: str | None, token_file: str | None, token: str | None = None) -> Target:
+    """The engine named by ``engine`` (default: the local one), reachable with its token."""
+    address = resolve(engine)
+    with EngineClient(address, timeout=10, token=token, token_file=token_file) as client:
+        run = client.hello()["engine"]
+        return Target(address, run, client.token)
+
+
+def listen_address(listen: str | None, index: int) -> str:
+    """Where worker ``index`` listens: loopback, this host's address (``host``) or ``HOST[:PORT]``."""
+    if not listen or listen == "loopback":
+        return "127.0.0.1:0"
+    if listen == "host":
+        return f"{_host_ip()}:0"
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit():
+        return f"{listen}:0"
+    return f"{host}:{int(port) + index if int(port) else 0}"
+
+
+def _host_ip() -> str:
+    return os.environ.get("SPARK_LOCAL_IP") or socket.gethostbyname(socket.gethostname())
+
+
+def on_this_host(host: str) -> bool:
+    """Whether ``host`` is an address of this machine (loopback, or one a socket can bind here)."""
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
-def im_command(name: str, cpu: int, engine: str | None) -> tuple[list[str], str]:
-    """The command of one instance manager and its kind (``instance_manager`` or ``standby``)."""
-    if importlib.util.find_spec(IM_MODULE) is not None:
-        cmd = [sys.executable, "-m", IM_MODULE, "--name", name, "--cpu", str(cpu)]
-        return cmd + (["--engine", engine] if engine else []), "instance_manager"
-    return [sys.executable, "-m", "sparkcep.spark.executor", "--standby", "--name", name], "standby"
+        ip = socket.gethostbyname(host)
+        if ipaddress.ip_address(ip).is_loopback:
+            return True
+        with socket.socket() as s:
+            s.bind((ip, 0))
+        return True
+    except (OSError, ValueError):
+        return False
 
 
 class Launcher:
-    """The instance managers of one executor."""
+    """The instance managers of one executor, serving one engine at a time."""
 
-    def __init__(self, executor: str, host: str, count: int | None, engine: str | None):
-        self.executor, self.host, self.engine = executor, host, engine
+    def __init__(self, executor: str, count: int | None, engine: str | None, token_file: str | None,
+                 listen: str | None):
+        self.executor, self.engine, self.token_file, self.listen = executor, engine, token_file, listen
         self.cpus = sorted(os.sched_getaffinity(0))
         self.count = count or len(self.cpus)
-        self.procs: list[tuple[dict, subprocess.Popen]] = []
-        self.registered_with: str | None = None
+        self.first_cpu = int(executor) * self.count if executor.isdigit() else 0
         self.stopping = threading.Event()
+        self.dir = tempfile.mkdtemp(prefix="sparkcep-executor-")  # mode 0700: the token copy lives here
+        self.token_path = Path(self.dir) / "token"
+        self.target: Target | None = None
+        self.workers: list[Worker] = []
+        self.pause, self.next_try = POLL_S, 0.0
+        self._said = ""
 
-    def start(self) -> None:
-        for i in range(self.count):
-            cpu = self.cpus[i % len(self.cpus)]
-            name = f"{self.executor}-{i}"
-            cmd, kind = im_command(name, cpu, self.engine)
-            p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
-            try:
-                os.sched_setaffinity(p.pid, {cpu})
-            except OSError:
-                pass
-            info = {"id": name, "pid": p.pid, "cpu": cpu, "executor": self.executor, "host": self.host,
-                    "kind": kind, "launcher_pid": os.getpid()}
-            self.procs.append((info, p))
-        time.sleep(0.3)
-        dead = [(info, p.returncode) for info, p in self.procs if p.poll() is not None]
-        if dead:
-            self.stop()
-            raise SparkcepError(f"instance manager {dead[0][0]['id']} exited at once with code {dead[0][1]}",
-                                "IM_START")
+    def run(self) -> None:
+        """Serve engines until stopped (main thread: the workers' PR_SET_PDEATHSIG follows it)."""
+        try:
+            while not self.stopping.is_set():
+                if self.target is None:
+                    self._serve_next()
+                else:
+                    self._watch()
+                self.stopping.wait(POLL_S)
+        finally:
+            self._stop_workers()
+            shutil.rmtree(self.dir, ignore_errors=True)
 
-    def register_loop(self) -> None:
-        """Register every instance manager with the engine, retrying until it is reachable."""
-        from sparkcep.control.client import EngineClient, resolve
+    # --- engines -----------------------------------------------------------------------
+    def _serve_next(self) -> None:
+        if time.monotonic() < self.next_try:
+            return
+        try:
+            target = find_engine(self.engine, self.token_file)
+        except SparkcepError as e:
+            self._say(f"waiting for an engine: {e} [{e.code}]")
+            return
+        host = target.address.rpartition(":")[0]
+        if self.listen in (None, "", "loopback") and not on_this_host(host):
+            self._say(f"the engine at {target.address} is on another host, but this executor's instance managers "
+                      "would listen on loopback, which it cannot reach: set spark.sparkcep.listen=host (or an "
+                      "address of this host the engine can reach) [LISTEN]", logging.ERROR)
+            return
+        auth.write(self.token_path, target.token)
+        try:
+            self.workers = [self._start(i) for i in range(self.count)]
+            self._wait_ready(self.workers)
+            self._register(target, self.workers)
+        except SparkcepError as e:
+            self._stop_workers()
+            self._failed(f"cannot serve the engine at {target.address}: {e} [{e.code}]")
+            return
+        self.target, self.pause, self._said = target, POLL_S, ""
+        log.info("serving the engine at %s (run %s) with %d instance manager(s): %s", target.address, target.run,
+                 len(self.workers), ", ".join(f"{w.name} at {w.address} on cpu {w.cpu}" for w in self.workers))
 
-        while not self.stopping.is_set():
-            try:
-                address = resolve(self.engine)
-                with EngineClient(address, timeout=10) as c:
-                    for info, _ in self.procs:
-                        c.register_im(info)
-                self.registered_with = address
-                return
-            except SparkcepError:
-                self.stopping.wait(1.0)
+    def _watch(self) -> None:
+        target = self.target
+        try:
+            run = find_engine(target.address, None, target.token).run
+        except SparkcepError:
+            run = None
+        if run != target.run:
+            how = "is gone" if run is None else f"now answers as run {run}"
+            log.info("the engine at %s (run %s) %s: stopping its instance managers", target.address, target.run, how)
+            self._stop_workers()
+            self.target = None
+            return
+        for k, w in enumerate(self.workers):
+            if w.process.poll() is not None and time.monotonic() >= self.next_try:
+                self._restart(k, w)
 
-    def stop(self) -> None:
-        self.stopping.set()
-        for _, p in self.procs:
-            if p.poll() is None:
-                p.terminate()
+    def _restart(self, k: int, old: Worker) -> None:
+        log.warning("instance manager %s (pid %d) exited with code %s while the engine at %s runs; starting it "
+                    "again", old.name, old.process.pid, old.process.returncode, self.target.address)
+        _close(old)
+        try:
+            self.workers[k] = w = self._start(k)
+            self._wait_ready([w])
+            self._register(self.target, [w])
+            self.pause = POLL_S
+        except SparkcepError as e:
+            self._failed(f"instance manager {old.name}: {e} [{e.code}]")
+
+    def _register(self, target: Target, workers: list[Worker]) -> None:
+        with EngineClient(target.address, timeout=START_TIMEOUT_S, token=target.token) as client:
+            for w in workers:
+                client.register_im(w.address)
+
+    # --- workers -----------------------------------------------------------------------
+    def _start(self, i: int) -> Worker:
+        cpu = self.cpus[(self.first_cpu + i) % len(self.cpus)]
+        tag = "driver" if self.executor == "driver" else f"exec{self.executor}"
+        name = f"{tag}-{i}.{os.getpid()}"  # the launcher's pid: unique among executors sharing an engine
+        listen = listen_address(self.listen, i)
+        return Worker(name, cpu, listen, start_worker(name, cpu, listen, str(self.token_path)))
+
+    def _wait_ready(self, workers: list[Worker]) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        for w in workers:
+            w.address = ready_line(w.process, f"instance manager {w.name} (cpu {w.cpu}, {w.listen})",
+                                   deadline)["address"]
+
+    def _stop_workers(self) -> None:
+        for w in self.workers:
+            if w.process.poll() is None:
+                w.process.terminate()
         deadline = time.monotonic() + 5
-        for _, p in self.procs:
+        for w in self.workers:
             try:
-                p.wait(timeout=max(deadline - time.monotonic(), 0.01))
+                w.process.wait(max(deadline - time.monotonic(), 0.01))
             except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        if self.registered_with:
-            from sparkcep.control.client import EngineClient
+                w.process.kill()
+                w.process.wait()
+            _close(w)
+        self.workers = []
 
-            try:
-                with EngineClient(self.registered_with, timeout=5) as c:
-                    for info, _ in self.procs:
-                        c.deregister_im(info["id"])
-            except SparkcepError:
-                pass  # the engine is gone: nothing to deregister from
+    # --- logging -----------------------------------------------------------------------
+    def _say(self, message: str, level: int = logging.INFO) -> None:
+        """Log ``message`` unless it is what was said last (waiting repeats itself every second)."""
+        if message != self._said:
+            self._said = message
+            log.log(level, message)
+
+    def _failed(self, message: str) -> None:
+        log.error("%s; trying again in %.0f s", message, self.pause)
+        self.next_try = time.monotonic() + self.pause
+        self.pause = min(self.pause * 2, MAX_PAUSE_S)
 
 
-def _standby(name: str) -> int:
-    """A placeholder instance manager: idle until SIGTERM or until its parent is gone."""
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    parent = os.getppid()
-    while not stop.wait(0.5):
-        if os.getppid() != parent:
-            break
-    return 0
+def _close(w: Worker) -> None:
+    if w.process.stdout is not None:
+        w.process.stdout.close()
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sparkcep.spark.executor", description=__doc__.split("\n")[0])
-    ap.add_argument("--executor-id", default="driver")
-    ap.add_argument("--host", default=socket.gethostname())
-    ap.add_argument("--instance-managers", type=int, default=None)
-    ap.add_argument("--engine", default=None)
-    ap.add_argument("--standby", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--name", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--executor-id", default="driver", help="the Spark executor's id (\"driver\" in local mode)")
+    ap.add_argument("--instance-managers", type=int, default=None,
+                    help="how many (default: one per CPU this process may run on)")
+    ap.add_argument("--engine", default=None, help="host:port of the engine's endpoint (default: the local engine)")
+    ap.add_argument("--token-file", default=None, help="the engine's token (default: its file on this machine)")
+    ap.add_argument("--listen", default=None,
+                    help="loopback (default), host (this host's address) or HOST[:PORT] (worker i on PORT+i)")
     args = ap.parse_args(argv)
-    if args.standby:
-        return _standby(args.name)
-    launcher = Launcher(args.executor_id, args.host, args.instance_managers, args.engine)
-    try:
-        launcher.start()
-    except SparkcepError as e:
-        print(f"sparkcep launcher: {e}", file=sys.stderr)
-        return 1
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, datefmt="%y/%m/%d %H:%M:%S",
+                        format=f"%(asctime)s %(levelname)s sparkcep executor {args.executor_id} launcher "
+                               f"(pid {os.getpid()}): %(message)s")
+    if args.instance_managers is not None and args.instance_managers < 1:
+        log.error("--instance-managers %d: expected at least 1; starting none", args.instance_managers)
+        return 2
+    launcher = Launcher(args.executor_id, args.instance_managers, args.engine, args.token_file, args.listen)
     signal.signal(signal.SIGTERM, lambda *_: launcher.stopping.set())
-    registrar = threading.Thread(target=launcher.register_loop, daemon=True)
-    registrar.start()
-    print("READY " + json.dumps({"executor": args.executor_id, "launcher_pid": os.getpid(),
-                                 "instance_managers": [info for info, _ in launcher.procs]}), flush=True)
-
-    def watch_stdin():
-        try:
-            sys.stdin.buffer.read()
-        except OSError:
-            pass
-        launcher.stopping.set()
-
-    threading.Thread(target=watch_stdin, daemon=True).start()
-    while not launcher.stopping.wait(0.5):
-        pass
-    registrar.join(timeout=15)  # a registration under way finishes, so stop() deregisters it
-    launcher.stop()
+    threading.Thread(target=_watch_stdin, args=(launcher.stopping,), daemon=True, name="stdin").start()
+    launcher.run()
+    log.info("stopped")
     return 0
+
+
+def _watch_stdin(stopping: threading.Event) -> None:
+    """Stop when standard input closes: the plugin's shutdown, or the executor JVM gone."""
+    try:
+        while sys.stdin.buffer.read(4096):
+            pass
+    except OSError:
+        pass
+    stopping.set()
 
 
 if __name__ == "__main__":

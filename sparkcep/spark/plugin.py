@@ -4,11 +4,12 @@
 >>> builder = SparkSession.builder.master("local[2]")          # doctest: +SKIP
 >>> spark = sparkcep.spark.configure(builder).getOrCreate()     # doctest: +SKIP
 
-The plugin starts the instance managers of every executor with it (see
-:mod:`sparkcep.spark.executor`). Its jar is compiled on first use with
-``javac`` against the jars of the installed pyspark (about 5 s), into
-``$SPARKCEP_HOME/jars/`` under a name that changes with the Java sources;
-``$SPARKCEP_SHIM_JAR`` names a prebuilt jar instead.
+With it every executor runs instance managers (``sparkcep worker``
+processes, one per core) that serve the engine and host instances of the
+queries it deploys (see :mod:`sparkcep.spark.executor`). The plugin's jar is
+compiled on first use with ``javac`` against the jars of the installed
+pyspark (about 5 s), into ``$SPARKCEP_HOME/jars/`` under a name that changes
+with the Java sources; ``$SPARKCEP_SHIM_JAR`` names a prebuilt jar instead.
 """
 
 from __future__ import annotations
@@ -57,22 +58,35 @@ def shim_jar(rebuild: bool = False) -> Path:
 
 
 def configure(builder, instance_managers: int | None = None, engine: str | None = None,
-              python: str | None = None):
-    """Add the sparkcep plugin to a ``SparkSession.Builder``; returns the builder.
+              token_file: str | None = None, listen: str | None = None, python: str | None = None):
+    """Add the sparkcep plugin to a ``SparkSession.Builder`` (before ``getOrCreate``); returns the builder.
 
-    ``instance_managers``: per executor (default: its cores, or the CPUs of
-    this machine in local mode); ``engine``: ``host:port`` of the engine the
-    instance managers register with (default: the local engine); ``python``:
-    the interpreter that runs them (default: this one).
+    Always sets ``spark.jars`` (adds the plugin's jar, built if needed) and
+    ``spark.plugins`` (adds ``org.sparkcep.shim.SparkcepPlugin``); each
+    argument given sets one option the executors read:
+
+    * ``instance_managers`` -> ``spark.sparkcep.instanceManagers``: per
+      executor (default: the executor's cores);
+    * ``engine`` -> ``spark.sparkcep.engine``: ``host:port`` of the engine's
+      endpoint (default: the local engine, whenever one runs);
+    * ``token_file`` -> ``spark.sparkcep.tokenFile``: that engine's token, a
+      path on the executors' hosts (default: the file an engine of the same
+      host writes);
+    * ``listen`` -> ``spark.sparkcep.listen``: where the instance managers
+      listen: ``loopback`` (default), ``host`` (the executor host's address)
+      or ``HOST[:PORT]``; beyond loopback only for an engine on another host;
+    * ``python`` -> ``spark.sparkcep.python``: the interpreter that runs them
+      (default: the one of Spark's Python workers: ``spark.pyspark.python``,
+      ``$PYSPARK_PYTHON`` or ``python3``).
     """
     options = getattr(builder, "_options", {})
     jars = [j for j in options.get("spark.jars", "").split(",") if j]
     plugins = [p for p in options.get("spark.plugins", "").split(",") if p]
     builder = builder.config("spark.jars", ",".join(jars + [str(shim_jar())])) \
-        .config("spark.plugins", ",".join(plugins + [PLUGIN_CLASS] if PLUGIN_CLASS not in plugins else plugins)) \
-        .config("spark.sparkcep.python", python or sys.executable)
-    if instance_managers is not None:
-        builder = builder.config("spark.sparkcep.instanceManagers", str(int(instance_managers)))
-    if engine is not None:
-        builder = builder.config("spark.sparkcep.engine", engine)
+        .config("spark.plugins", ",".join(plugins + [PLUGIN_CLASS] if PLUGIN_CLASS not in plugins else plugins))
+    settings = {"instanceManagers": None if instance_managers is None else str(int(instance_managers)),
+                "engine": engine, "tokenFile": token_file, "listen": listen, "python": python}
+    for key, value in settings.items():
+        if value is not None:
+            builder = builder.config(f"spark.sparkcep.{key}", value)
     return builder
