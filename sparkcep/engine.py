@@ -151,7 +151,7 @@ class Engine:
             if self.cluster is None:
                 dep = Deployment(dep_id, query, parallelism, bins, retain)
             else:
-                from sparkcep.runtime.cluster import RemoteDeployment
+                from sparkcep.runtime.remote import RemoteDeployment
                 dep = RemoteDeployment(self.cluster, dep_id, query, parallelism, bins, retain)
             for out in query.outputs:
                 self.outputs[out] = dep.logs[out]

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 import sparkcep as cep
-from sparkcep.runtime import cluster as cluster_module
+from sparkcep.runtime import remote as remote_module
 
 SCHEMA = "k string, ts timestamp, v int64"
 
@@ -99,7 +99,7 @@ def test_a_row_larger_than_a_ring_arrives_whole_and_takes_its_own_sequence_numbe
 
 
 def test_a_send_that_times_out_on_back_pressure_leaves_no_trace_and_can_be_sent_again(tmp_path, monkeypatch):
-    monkeypatch.setattr(cluster_module, "SEND_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(remote_module, "SEND_TIMEOUT_S", 0.5)
     first, stalled = events(5000), events(20_000, 5000)
     with cep.Engine.local(workers=1, ring_bytes=1 << 16) as engine:
         engine.deploy(query("slow", functools.partial(slow_once, str(tmp_path / "stalled"))))

@@ -1,8 +1,10 @@
-"""The JVM plugin starts the executor's instance managers with it and stops them with it (acceptance 4).
+"""The JVM plugin starts instance managers with the executor; they serve whichever local engine runs.
 
-Spark plugins are fixed when a SparkContext starts, so this test runs a
-second, short-lived local session in a child process (local mode: the driver
-hosts the executor, executor id "driver"); the engine is in this process.
+Local mode: the driver hosts the executor (executor id ``driver``), in a
+child process (see :mod:`driver_process`); the engines are in this process.
+The session starts before any engine, its launcher waits; the first engine
+gets the executor's instance managers, deploys on them and closes; the
+second engine gets new ones; stopping the session stops them.
 """
 
 from __future__ import annotations
@@ -10,23 +12,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
-from spark_harness import wait_for
+import pyarrow as pa
+from driver_process import DriverProcess
+from spark_harness import connections, wait_for
 
-CHILD = r"""
-import sys
-from pyspark.sql import SparkSession
-import sparkcep.spark
-builder = (SparkSession.builder.master("local[1]").appName("sparkcep-plugin-test")
-           .config("spark.ui.enabled", "false"))
-spark = sparkcep.spark.configure(builder, instance_managers=2, engine=sys.argv[1]).getOrCreate()
-assert spark.range(10).count() == 10
-print("UP", flush=True)
-sys.stdin.readline()
-spark.stop()
-print("DOWN", flush=True)
-"""
+import sparkcep as cep
 
 
 def _alive(pid: int) -> bool:
@@ -37,35 +28,73 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_plugin_starts_and_stops_instance_managers_with_the_executor(engine, tmp_path):
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().split(") ")[1].split()[1])
+
+
+def _registered(engine, n: int) -> list[dict]:
+    ims = wait_for(lambda: [i for i in engine.instance_managers() if i["alive"]][n - 1:] and engine.instance_managers(),
+                   90, f"{n} registered instance managers")
+    return sorted(ims, key=lambda i: i["name"])
+
+
+def _query() -> cep.Query:
+    q = cep.Query("plugin_q")
+    s = q.stream("connections", "ip string, ts timestamp, bytes int64")
+    q.output("per_ip", s.filter(cep.col("bytes") > 100, name="big")
+             .aggregate(cep.TimeWindow("10s"), by=["ip"], name="window", n=cep.count(), total=cep.sum("bytes")))
+    return q
+
+
+def _run(engine, data: pa.Table) -> pa.Table:
+    engine.send("connections", data)
+    engine.end("connections")
+    return engine.collect("per_ip").sort_by([("window_start", "ascending"), ("ip", "ascending")])
+
+
+def test_executor_instance_managers_serve_each_engine_and_stop_with_the_session(tmp_path, monkeypatch, sparkcep_home):
     from sparkcep.spark.plugin import shim_jar
 
-    shim_jar()  # build (or find) the jar first, so its time is not taken from the session start
-    child = subprocess.Popen([sys.executable, "-c", CHILD, engine.endpoint.address], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    jar = shim_jar()  # built (or found) before the session, so its time is not the session's
+    home = tmp_path / "home"  # this test's engines only: the launcher finds "the local engine" here
+    monkeypatch.setenv("SPARKCEP_HOME", str(home))
+    monkeypatch.setenv("SPARKCEP_SHIM_JAR", str(jar))
+    driver = DriverProcess("local[1]", {"instance_managers": 2}, {}, 0, tmp_path, timeout=120)
     try:
-        assert child.stdout.readline().strip() == "UP"
-        ims = wait_for(lambda: len(engine.endpoint.instance_managers) == 2 and engine.endpoint.instance_managers,
-                       60, "two registered instance managers")
-        infos = sorted(ims.values(), key=lambda i: i["id"])
-        assert [i["id"] for i in infos] == ["driver-0", "driver-1"]
-        assert all(i["executor"] == "driver" for i in infos)
-        cpus = sorted(os.sched_getaffinity(0))
-        for k, info in enumerate(infos):
-            assert _alive(info["pid"])
-            assert os.sched_getaffinity(info["pid"]) == {cpus[k % len(cpus)]}  # pinned, one CPU each
-            assert info["kind"] in ("instance_manager", "standby")
-        child.stdin.write("stop\n")
-        child.stdin.flush()
-        assert child.stdout.readline().strip() == "DOWN"
-        # stopped with the executor: processes gone, deregistered from the engine
-        assert engine.endpoint.instance_managers == {}
-        deadline = time.monotonic() + 10
-        while any(_alive(i["pid"]) for i in infos) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not any(_alive(i["pid"]) for i in infos)
-        assert not _alive(infos[0]["launcher_pid"])
+        with cep.Engine.local() as first:  # started after the session: the launcher was waiting for it
+            ims = _registered(first, 2)
+            assert [i["name"].split(".")[0] for i in ims] == ["driver-0", "driver-1"]
+            cpus = sorted(os.sched_getaffinity(0))
+            for k, im in enumerate(ims):
+                assert im["host"] == "127.0.0.1" and im["address"].startswith("127.0.0.1:")  # loopback by default
+                assert os.sched_getaffinity(im["pid"]) == {cpus[k % len(cpus)]} == {im["cpu"]}  # pinned
+            launcher = _parent(ims[0]["pid"])
+            assert _parent(ims[1]["pid"]) == launcher
+            status = subprocess.run([sys.executable, "-m", "sparkcep", "status", "--engine", first.endpoint.address],
+                                    capture_output=True, text=True, timeout=60)
+            assert status.returncode == 0, status.stderr
+            assert all(im["name"] in status.stdout and im["address"] in status.stdout for im in ims)
+
+            data = connections(2000)
+            first.deploy(_query(), parallelism=2)
+            hosted = {im["name"]: im["instances"] for im in first.instance_managers()}
+            assert all(hosted.values()), hosted  # both instance managers run instances of the query
+            got = _run(first, data)
+        with cep.Engine.local() as alone:
+            alone.deploy(_query(), parallelism=2)
+            assert got.equals(_run(alone, data))
+        wait_for(lambda: not any(_alive(im["pid"]) for im in ims), 30, "the first engine's instance managers to exit")
+
+        with cep.Engine.local() as second:  # the launcher serves the next engine with new instance managers
+            again = _registered(second, 2)
+            assert {im["pid"] for im in again}.isdisjoint(im["pid"] for im in ims)
+            assert _parent(again[0]["pid"]) == launcher
+            driver.stop(60)
+            # stopped with the executor: processes gone, and the engine sees them gone
+            wait_for(lambda: not any(i["alive"] for i in second.instance_managers()), 30,
+                     "the engine to see the instance managers gone")
+            wait_for(lambda: not any(_alive(p) for p in [launcher] + [im["pid"] for im in again]), 30,
+                     "the launcher and its instance managers to exit")
     finally:
-        if child.poll() is None:
-            child.kill()
-        child.wait(30)
+        driver.kill()

@@ -1,0 +1,122 @@
+"""A Spark driver in a child process, driven line by line, with a deadline on every step.
+
+Spark plugins are fixed when a SparkContext starts, and one Python process
+holds one SparkContext (the session-wide ``local[2]`` one of conftest), so
+the plugin tests run their SparkSession in a child: it prints ``UP`` once
+its executors are registered, then runs one JSON command per input line
+(``OK {result}`` or ``ERR {message}``), and ``DOWN`` after ``spark.stop()``
+when its input closes. The child is the leader of its own process group, so
+a step that overruns can take down every JVM and process it started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+SCRIPT = r"""
+import json, sys, time
+from pyspark.sql import SparkSession
+import sparkcep.spark
+
+args = json.loads(sys.argv[1])
+builder = SparkSession.builder.master(args["master"]).appName(args["app"])
+for key, value in args["conf"].items():
+    builder = builder.config(key, value)
+spark = sparkcep.spark.configure(builder, **args["plugin"]).getOrCreate()
+spark.sparkContext.setLogLevel("WARN")
+while spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() < args["executors"] + 1:
+    time.sleep(0.2)  # in local-cluster mode executors register after the session is up
+
+
+def write(source, schema, engine, stream, checkpoint):
+    # one Parquet file per micro-batch, so the engine sees them in file order
+    events = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(source)
+    q = (events.writeStream.format("upmcep").option("engine", engine).option("stream", stream)
+         .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+    q.awaitTermination(300)
+    if q.exception() is not None:
+        raise RuntimeError(str(q.exception()))
+    return {"batches": len(q.recentProgress)}
+
+
+def read(engine, stream, columns, path):
+    df = spark.read.format("upmcep").option("engine", engine).load(stream).select(*columns)
+    df.write.parquet(path)
+    return {"rows": spark.read.parquet(path).count()}
+
+
+print("UP", flush=True)
+for line in sys.stdin:
+    command = json.loads(line)
+    try:
+        print("OK " + json.dumps({"write": write, "read": read}[command["op"]](**command["args"])), flush=True)
+    except Exception as e:
+        print("ERR " + json.dumps(f"{type(e).__name__}: {e}"), flush=True)
+spark.stop()
+print("DOWN", flush=True)
+"""
+
+
+class DriverProcess:
+    """A SparkSession with the sparkcep plugin (``plugin``: ``configure`` arguments) in a child process."""
+
+    def __init__(self, master: str, plugin: dict, conf: dict, executors: int, cwd, timeout: float,
+                 env: dict | None = None):
+        args = {"master": master, "app": "sparkcep-plugin-test", "plugin": plugin, "executors": executors,
+                "conf": {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
+                         "spark.sql.session.timeZone": "UTC", **conf}}
+        self.proc = subprocess.Popen([sys.executable, "-c", SCRIPT, json.dumps(args)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, cwd=cwd, env=env, start_new_session=True)
+        self._buffer = b""
+        self.expect("UP", timeout)
+
+    def run(self, op: str, timeout: float, **args) -> dict:
+        """Run command ``op`` in the driver; its result (AssertionError with the driver's error)."""
+        self.proc.stdin.write((json.dumps({"op": op, "args": args}) + "\n").encode())
+        self.proc.stdin.flush()
+        line = self.expect(("OK ", "ERR "), timeout)
+        if line.startswith("ERR "):
+            raise AssertionError(f"the Spark driver failed to {op}: {json.loads(line[4:])}")
+        return json.loads(line[3:])
+
+    def stop(self, timeout: float) -> None:
+        """``spark.stop()`` (by closing the driver's input), within ``timeout`` s."""
+        self.proc.stdin.close()
+        self.expect("DOWN", timeout)
+        self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        """Kill whatever is left of the driver's process group: the last step of a test, passed or failed."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(30)
+        self.proc.stdin.close()
+        self.proc.stdout.close()
+
+    def expect(self, prefix, timeout: float) -> str:
+        """The next stdout line starting with ``prefix`` (other lines are skipped), within ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while True:
+            while b"\n" in self._buffer:
+                line, self._buffer = self._buffer.split(b"\n", 1)
+                text = line.decode(errors="replace")
+                if text.startswith(prefix):
+                    return text
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"the Spark driver did not say {prefix!r} within {timeout:.0f} s")
+            ready, _, _ = select.select([self.proc.stdout], [], [], min(left, 1.0))
+            if ready:
+                chunk = os.read(self.proc.stdout.fileno(), 65536)
+                if not chunk:
+                    raise AssertionError(f"the Spark driver exited (code {self.proc.wait(30)}) before "
+                                         f"saying {prefix!r}")
+                self._buffer += chunk
