@@ -6,7 +6,7 @@ import sys
 FAULTS_AFTER_SETUP = """
 import resource
 import numpy as np
-from sparkcep.runtime.instance_manager import keep_freed_memory
+from sparkcep.runtime.process import keep_freed_memory
 keep_freed_memory()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 arrays = [np.ones(1 << 20) for _ in range(3)]  # 24 MB: what a window closing over 50K keys allocates

@@ -34,9 +34,11 @@ def _parent(pid: int) -> int:
 
 
 def _registered(engine, n: int) -> list[dict]:
-    ims = wait_for(lambda: [i for i in engine.instance_managers() if i["alive"]][n - 1:] and engine.instance_managers(),
-                   90, f"{n} registered instance managers")
-    return sorted(ims, key=lambda i: i["name"])
+    """The engine's instance managers once ``n`` are registered and alive."""
+    def live():
+        ims = [i for i in engine.instance_managers() if i["alive"]]
+        return len(ims) >= n and ims
+    return sorted(wait_for(live, 90, f"{n} registered instance managers"), key=lambda i: i["name"])
 
 
 def _query() -> cep.Query:
@@ -81,7 +83,7 @@ def test_executor_instance_managers_serve_each_engine_and_stop_with_the_session(
             hosted = {im["name"]: im["instances"] for im in first.instance_managers()}
             assert all(hosted.values()), hosted  # both instance managers run instances of the query
             got = _run(first, data)
-        with cep.Engine.local() as alone:
+        with cep.Engine() as alone:  # workers=0, and not published: the launcher never sees it
             alone.deploy(_query(), parallelism=2)
             assert got.equals(_run(alone, data))
         wait_for(lambda: not any(_alive(im["pid"]) for im in ims), 30, "the first engine's instance managers to exit")
