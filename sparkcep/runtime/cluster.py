@@ -124,9 +124,8 @@ class Cluster:
         try:
             sock = socket.create_connection((host, int(port)), timeout=REPLY_TIMEOUT_S)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            deadline = time.monotonic() + REPLY_TIMEOUT_S
-            hello.send_frame(sock, {"token": self.token, "role": hello.CONTROL}, deadline)
-            answer = hello.read_frame(sock, deadline)
+            answer = hello.greet(sock, {"role": hello.CONTROL}, self.token, time.monotonic() + REPLY_TIMEOUT_S,
+                                 f"the instance manager at {address}")
         except (OSError, ValueError) as e:
             raise EngineError(f"cannot reach the instance manager at {address}: {e}", "WORKER_START") from None
         if not answer.get("ok"):

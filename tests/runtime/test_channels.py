@@ -197,22 +197,39 @@ def _raw_hello(address: str, fields: dict | bytes) -> dict:
             return {}
 
 
-@pytest.mark.parametrize("token", [None, "wrong"], ids=["no token", "wrong token"])
-def test_a_hello_without_the_token_is_refused_logged_and_counted(service, caplog, token):
+def _raw_hello_then(address: str, fields: dict, proof) -> dict:
+    """Say ``fields`` (with a nonce), then answer the service's challenge with ``proof`` (None: say nothing)."""
+    host, port, _ = tcp.parse_address(address)
+    with socket.create_connection((host, port), 5) as sock:
+        deadline = time.monotonic() + 5
+        hello.send_frame(sock, {**fields, "nonce": "0" * 32}, deadline)
+        challenge = hello.read_frame(sock, deadline)
+        assert set(challenge) == {"nonce", "proof"}  # the service proves itself, it never shows the token
+        if proof is None:
+            sock.shutdown(socket.SHUT_WR)
+        else:
+            hello.send_frame(sock, {"proof": proof}, deadline)
+        try:
+            return hello.read_frame(sock, deadline)
+        except (OSError, ValueError):
+            return {}
+
+
+@pytest.mark.parametrize("proof", [None, "0" * 64], ids=["no proof", "a wrong proof"])
+def test_a_peer_without_the_token_is_refused_logged_and_counted(service, caplog, proof):
     listener, address, right, gate = service
-    fields = {"channel": "c", "role": "producer", "capacity": 1 << 16}
-    if token is not None:
-        fields["token"] = token
-    reply = in_background(_raw_hello, f"{address}/c", fields)
+    reply = in_background(_raw_hello_then, f"{address}/c", {"channel": "c", "role": "producer", "capacity": 1 << 16},
+                          proof)
     sock, _ = listener.accept()
     with caplog.at_level(logging.WARNING, logger="sparkcep.runtime.channels.hello"):
         with pytest.raises(auth.AuthError) as e:
             gate.accept(sock)
     assert e.value.code == "UNAUTHENTICATED" and gate.refused == 1
-    assert reply.result(10) == {"ok": False, "error": "unauthenticated"}
+    if proof is not None:
+        assert reply.result(10) == {"ok": False, "error": "unauthenticated"}
     assert "refused a channel connection from 127.0.0.1" in caplog.text
     assert right not in caplog.text
-    # through connect(): the connecting side is told why
+    # through connect() with another token: the service's proof fails first, the connecting side says so
     refused = in_background(tcp.connect, f"{address}/c", "producer", "wrong")
     sock, _ = listener.accept()
     with pytest.raises(auth.AuthError):
@@ -238,9 +255,9 @@ def test_a_malformed_or_late_hello_is_refused(service, frame):
     assert time.monotonic() - t0 < 3  # the gate waits for a hello at most its timeout (2 s)
 
 
-def test_a_hello_with_the_token_but_a_bad_field_is_refused(service):
+def test_a_hello_with_a_bad_field_is_refused(service):
     listener, address, token, gate = service
-    reply = in_background(_raw_hello, f"{address}/c", {"token": token, "channel": "c", "role": "reader"})
+    reply = in_background(_raw_hello, f"{address}/c", {"nonce": "0" * 32, "channel": "c", "role": "reader"})
     sock, _ = listener.accept()
     with pytest.raises(tcp.ChannelRefused):
         gate.accept(sock)

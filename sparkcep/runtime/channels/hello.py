@@ -1,31 +1,44 @@
-"""The hello that opens a network channel's connection, and the listening side's check of it.
+"""The handshake that opens every connection to a service of the engine: channels and control links.
 
-A channel address ``tcp:HOST:PORT/CHANNEL_ID`` names a service listening on
-HOST:PORT and one of its channels. The connecting end sends one frame (a
-u32 length, then at most ``HELLO_MAX`` bytes of JSON): ``{"token",
-"channel", "role", "capacity"}`` — its role (``producer`` or ``consumer``),
-the capacity when it is the producer. The service hands the accepted socket
-to its :class:`Gate`, which reads that frame within a timeout and checks the
-token; a connection without the right token, or with a malformed or late
-hello, is answered ``{"ok": false, "error"}``, logged, counted and closed.
-An instance manager's services take engines' control connections the same
-way (role ``control``, no channel; :mod:`sparkcep.runtime.commands`). A
+A channel address ``tcp:HOST:PORT/CHANNEL_ID`` names a service (an instance
+manager) listening on HOST:PORT and one of its channels. The handshake is
+three JSON frames (a u32 length, then at most ``HELLO_MAX`` bytes), and the
+token never travels in it, so a peer that does not hold it learns nothing:
+
+1. the connecting side says who it is: ``{"channel", "role", "capacity",
+   "nonce"}`` — its role (``producer``, ``consumer``, or ``control`` for an
+   engine's control link, which has no channel), the capacity when it is the
+   producer, and a fresh random nonce;
+2. the service proves it holds the token: ``{"nonce", "proof"}``, an HMAC
+   of both nonces under the token;
+3. the connecting side checks that proof and proves the same with its own
+   HMAC (another label, so a proof cannot be reflected).
+
+The service's :class:`Gate` reads and checks it within a timeout; a
+connection without a valid proof, or with a malformed or late hello, is
+answered ``{"ok": false, "error"}``, logged, counted and closed, and the
+connecting side of a service without the token gets AuthError too. A
 verified channel :class:`Hello` goes to the end the service created for the
 channel, which answers ``{"ok": true, "capacity"}``
-(:meth:`sparkcep.runtime.channels.tcp.TcpProducer.attach`). Nothing here
-is unpickled: frames are JSON.
+(:meth:`sparkcep.runtime.channels.tcp.TcpProducer.attach`); an instance
+manager answers a control link with its description. Nothing here is
+unpickled: frames are JSON, and nothing is unpickled from a peer before
+both proofs passed.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
+import secrets
 import socket
 import struct
 import time
 from dataclasses import dataclass
 
-from sparkcep.auth import AuthError, check as token_matches
+from sparkcep.auth import AuthError
 from sparkcep.errors import EngineError
 
 log = logging.getLogger(__name__)
@@ -117,6 +130,32 @@ def _hello_fields(fields: dict) -> tuple[str, str, int | None]:
     return channel, role, capacity if role == "producer" else None
 
 
+def _proof(token: str, side: str, first: str, second: str) -> str:
+    return hmac.new(token.encode(), f"{side}|{first}|{second}".encode(), hashlib.sha256).hexdigest()
+
+
+def _proves(proof, token: str, side: str, first, second) -> bool:
+    return (isinstance(proof, str) and isinstance(first, str) and isinstance(second, str)
+            and hmac.compare_digest(proof, _proof(token, side, first, second)))
+
+
+def greet(sock: socket.socket, fields: dict, token: str, deadline: float, peer: str) -> dict:
+    """The connecting side of the handshake: say ``fields``, check the service's proof, give ours.
+
+    Returns the service's answer (``{"ok": true, ...}`` or a refusal); AuthError
+    when the service does not prove it holds ``token``.
+    """
+    nonce = secrets.token_hex(16)
+    send_frame(sock, {**fields, "nonce": nonce}, deadline)
+    challenge = read_frame(sock, deadline)
+    if challenge.get("ok") is False:
+        return challenge
+    if not _proves(challenge.get("proof"), token, "service", nonce, challenge.get("nonce")):
+        raise AuthError(f"{peer} does not hold the engine's token: it could not prove it")
+    send_frame(sock, {"proof": _proof(token, "client", challenge["nonce"], nonce)}, deadline)
+    return read_frame(sock, deadline)
+
+
 @dataclass
 class Hello:
     """A connection whose hello carried the right token: the peer's ``role`` on ``channel``.
@@ -161,15 +200,24 @@ class Gate:
         except (OSError, ValueError) as e:
             self._refuse(sock, peer, f"no valid hello: {e}")
             raise ChannelRefused(f"connection from {peer}: no valid hello ({e})") from None
-        if not token_matches(self.token, fields.get("token")):
-            reason = "a hello without a token" if fields.get("token") is None else "a hello with a wrong token"
-            self._refuse(sock, peer, reason, "unauthenticated")
-            raise AuthError(f"connection from {peer}: {reason}")
         try:
             channel, role, capacity = _hello_fields(fields)
+            theirs = fields.get("nonce")
+            if not isinstance(theirs, str) or not 16 <= len(theirs) <= 64:
+                raise ValueError("no nonce")
         except ValueError as e:
             self._refuse(sock, peer, f"a malformed hello: {e}")
             raise ChannelRefused(f"connection from {peer}: a malformed hello ({e})") from None
+        ours = secrets.token_hex(16)
+        try:
+            send_frame(sock, {"nonce": ours, "proof": _proof(self.token, "service", theirs, ours)}, deadline)
+            answer = read_frame(sock, deadline)
+        except (OSError, ValueError) as e:
+            self._refuse(sock, peer, f"no proof of the token: {e}", "unauthenticated")
+            raise AuthError(f"connection from {peer}: no proof of the token") from None
+        if not _proves(answer.get("proof"), self.token, "client", ours, theirs):
+            self._refuse(sock, peer, "a wrong proof of the token", "unauthenticated")
+            raise AuthError(f"connection from {peer}: a wrong proof of the token")
         return Hello(channel, role, sock, capacity, peer)
 
     def refuse(self, hello: Hello, reason: str) -> None:

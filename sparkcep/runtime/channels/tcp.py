@@ -82,7 +82,7 @@ from sparkcep.errors import EngineError
 from sparkcep.runtime.channels import records as rec
 from sparkcep.runtime.channels.base import ChannelClosed, Consumer, Control, Producer
 from sparkcep.runtime.channels.hello import (HELLO_TIMEOUT_S, ROLES, AuthError, ChannelRefused, Gate, Hello,
-                                             check_capacity, parse_address, read_frame, say_no, send_frame)
+                                             check_capacity, greet, parse_address, say_no, send_frame)
 
 __all__ = ["DEFAULT_CAPACITY", "ChannelRefused", "Gate", "Hello", "TcpConsumer", "TcpProducer", "connect",
            "kernel_capacity", "parse_address"]
@@ -130,7 +130,7 @@ def connect(address: str, role: str, token: str, *, capacity: int = DEFAULT_CAPA
     if role not in ROLES:
         raise EngineError(f"channel role {role!r}: expected one of {ROLES}", "CHANNEL")
     end = TcpProducer(channel, capacity) if role == "producer" else TcpConsumer(channel, copy=copy)
-    hello = {"token": token, "channel": channel, "role": role}
+    hello = {"channel": channel, "role": role}
     if role == "producer":
         hello["capacity"] = end.capacity
     deadline = time.monotonic() + timeout
@@ -139,11 +139,13 @@ def connect(address: str, role: str, token: str, *, capacity: int = DEFAULT_CAPA
     except OSError as e:
         raise ChannelClosed(f"{address}: cannot connect ({e})", "CHANNEL_UNREACHABLE") from None
     try:
-        send_frame(sock, hello, deadline)
-        reply = read_frame(sock, deadline)
+        reply = greet(sock, hello, token, deadline, address)
     except (OSError, ValueError) as e:
         sock.close()
         raise ChannelClosed(f"{address}: no answer to the hello ({e})", "CHANNEL_UNREACHABLE") from None
+    except AuthError:
+        sock.close()
+        raise
     if reply.get("ok") is not True:
         sock.close()
         error = str(reply.get("error"))[:200]
