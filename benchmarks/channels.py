@@ -47,7 +47,7 @@ try:
 except ModuleNotFoundError:  # run from a source checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sparkcep.control import auth
+from sparkcep import auth
 from sparkcep.runtime.channels import (ChannelClosed, Data, Doorbell, Progress, RingConsumer, RingProducer,
                                        create_ring, tcp)
 
