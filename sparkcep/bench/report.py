@@ -170,17 +170,20 @@ def _pipeline_lines(runs, workers: int) -> list[str]:
         "and Spark writing the records into the engine and reading the windows back (`sparkcep.bench.pipeline`, "
         f"engine `workers={workers}`); both warmed, "
         f"{len(runs['native'])} runs each, alternating; the median run of each path. Stages of the routed path: "
-        "sink (Spark -> engine), end of input, source (engine -> Spark). Complete: every run's windows equal a "
-        "batch Spark computation over the same files (native: as many windows).",
+        "sink (Spark -> engine), end of input, source (engine -> Spark). CPU: seconds of CPU the run took in "
+        "Spark's processes and in the engine's (on a shared machine they vary far less than wall time). "
+        "Complete: every run's windows equal a batch Spark computation over the same files (native: as many "
+        "windows).",
         "",
-        "| path | events | seconds | events/s | / Spark native | stages (s) | complete |",
-        "| --- | ---: | ---: | ---: | ---: | --- | --- |"]
+        "| path | events | seconds | events/s | / Spark native | stages (s) | CPU s | complete |",
+        "| --- | ---: | ---: | ---: | ---: | --- | --- | --- |"]
     for path in ("native", "routed"):
         r = median(path)
         stages = ", ".join(f"{k} {v:.2f}" for k, v in r.stages.items()) or "-"
+        cpu = ", ".join(f"{k} {v:.1f}" for k, v in r.cpu.items()) or "-"
         done = all(c for _, c in runs[path])
         out.append(f"| {path} | {r.events:,} | {r.seconds:.2f} | {r.rate:,.0f} | {r.rate / native.rate:.2f}x | "
-                   f"{stages} | {'yes' if done else 'NO'} |")
+                   f"{stages} | {cpu} | {'yes' if done else 'NO'} |")
     return out + [""]
 
 
