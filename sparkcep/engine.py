@@ -176,6 +176,7 @@ class Engine:
         for dep in deps:
             dep.check()
         seq = np.arange(self._seq, self._seq + n, dtype=np.int64)
+        ids = pa.array(np.zeros(n, np.int64))  # a source row's output id is (seq, 0)
         if time_field is not None:
             ts = batch.column(time_field).cast(pa.int64()).to_numpy()
         else:
@@ -185,6 +186,7 @@ class Engine:
             for dep in deps:
                 before = dep.sources[stream].max_ts
                 stamped = batch.append_column(columns.SEQ, pa.array(seq)) \
+                    .append_column(columns.ID, ids) \
                     .append_column(columns.TS, pa.array(ts)) \
                     .append_column(columns.WM, pa.array(np.full(n, before, np.int64)))
                 pushed.append(dep)

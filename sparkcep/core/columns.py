@@ -9,8 +9,10 @@ import pyarrow.compute as pc
 from sparkcep.core import hashing
 from sparkcep.schema import TYPES
 
-SEQ, TS, WM = "__seq", "__ts", "__wm"  # hidden columns every internal batch carries
-HIDDEN = (SEQ, TS, WM)
+# hidden columns every internal batch carries: sequence number, output id (uint64 bits, see
+# sparkcep.core.ids; a row's output id is (SEQ, ID)), event time, source watermark
+SEQ, ID, TS, WM = "__seq", "__id", "__ts", "__wm"
+HIDDEN = (SEQ, ID, TS, WM)
 
 KIND_FIXED, KIND_STRING = 0, 1
 

@@ -2,8 +2,9 @@
 
 Stateless operators transform each batch as it comes. Stateful operators
 buffer their input and, at each progress point, consume the rows up to the
-progress frontier in sequence order and fire what the watermark closed; so
-their results never depend on arrival order.
+progress frontier in (sequence number, output id) order and fire what the
+watermark closed; so their results never depend on arrival order. Every
+operator gives its rows output ids as :mod:`sparkcep.core.ids` says.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from typing import Iterable
 import numpy as np
 import pyarrow as pa
 
-from sparkcep.core import columns
+from sparkcep.core import columns, ids
 from sparkcep.core.aggregate import WindowAggregate
 from sparkcep.core.evaluate import evaluate, to_arrow
-from sparkcep.core.hashing import hash_rows
+from sparkcep.core.hashing import derive_ids, hash_rows, operator_salt
 from sparkcep.core.join import WindowJoin
 from sparkcep.core.running import RunningAggregate
 from sparkcep.errors import QueryError
@@ -68,12 +69,25 @@ class FilterOp(PhysicalOperator):
 
 
 class UnionOp(PhysicalOperator):
+    """Passes every input on; ids are refolded with the input port, so the two copies of a tuple
+    that reached it through two demux branches differ."""
+
+    def __init__(self, op):
+        super().__init__(op)
+        self.salts = [operator_salt(op.name, port) for port in range(len(op.inputs))]
+
     def process(self, port, batch):
-        return [batch]
+        i = batch.schema.get_field_index(columns.ID)
+        return [batch.set_column(i, columns.ID, pa.array(derive_ids(self.salts[port], batch.column(i).to_numpy())))]
 
 
 class ApplyOp(PhysicalOperator):
-    """Runs a user's ``fn(batch) -> batch``; the batch carries the engine's hidden columns."""
+    """Runs a user's ``fn(batch) -> batch``; the batch carries the engine's hidden columns, which
+    its rows keep. A row emitted more than once is told apart by occurrence (:func:`ids.apply_ids`)."""
+
+    def __init__(self, op):
+        super().__init__(op)
+        self.salt = operator_salt(op.name)
 
     def process(self, port, batch):
         out = self.op.fn(batch)
@@ -90,12 +104,15 @@ class ApplyOp(PhysicalOperator):
         if missing:
             raise QueryError(f"apply({self.op.name}): the returned batch lacks {missing}; keep the input's "
                              f"hidden columns {list(columns.HIDDEN)} (filter/take/append_column keep them)")
-        return [out.select(want).cast(pa.schema([(n, t) for n, t in zip(want, self.op.schema.to_arrow().types +
-                                                  [pa.int64()] * 3)]))]
+        out = out.select(want).cast(pa.schema([(n, t) for n, t in zip(want, self.op.schema.to_arrow().types +
+                                                [pa.int64()] * len(columns.HIDDEN))]))
+        i = out.schema.get_field_index(columns.ID)
+        renumbered = ids.apply_ids(self.salt, out.column(columns.SEQ).to_numpy(), out.column(i).to_numpy())
+        return [out if renumbered is None else out.set_column(i, columns.ID, pa.array(renumbered))]
 
 
 class StatefulOp(PhysicalOperator):
-    """Buffers input per port; at progress consumes it in sequence order, then fires.
+    """Buffers input per port; at progress consumes it in (sequence number, id) order, then fires.
 
     Tuples that come after their window fired are *late*: never merged,
     counted, reported in the log the first time, and, for an aggregate with
@@ -150,7 +167,7 @@ class AggregateOp(StatefulOp):
     def __init__(self, op: logical.Aggregate, bins: int):
         super().__init__(op, bins)
         kind = RunningAggregate if isinstance(op.window, Running) else WindowAggregate
-        self.agg = kind(op.window, op.by, op.funcs, op.inputs[0].schema, op.schema, bins)
+        self.agg = kind(op.window, op.by, op.funcs, op.inputs[0].schema, op.schema, bins, op.name)
 
     def consume(self, port, batch):
         out = self.agg.add(batch)
@@ -218,13 +235,26 @@ class JoinOp(StatefulOp):
 
 class CustomOp(StatefulOp):
     """A user's :class:`~sparkcep.query.operators.StatefulOperator` and its state (by default a dict
-    bin -> value)."""
+    bin -> value).
+
+    Its rows get ``__seq`` = the frontier of the advance that emitted them and
+    ids from their content (:func:`ids.content_ids`), the same wherever its
+    bins run.
+    """
 
     def __init__(self, op: logical.Custom, bins: int):
         super().__init__(op, bins)
         self.user = op.op
         self.state = self.user.new_state(bins)
-        self._seq = self._ts = 0
+        self.salt = operator_salt(op.name)
+        self._ts = 0
+        self._frontier: int | None = None
+        self._round = 0  # advances before this one at the same frontier (an end of input repeats it)
+
+    def advance(self, frontier, watermark):
+        self._round = self._round + 1 if frontier == self._frontier else 0
+        self._frontier = frontier
+        return super().advance(frontier, watermark)
 
     def consume(self, port, batch):
         if self.op.by:
@@ -232,24 +262,27 @@ class CustomOp(StatefulOp):
             b = (h & np.uint64(self.bins - 1)).astype(np.int64)
         else:
             b = np.zeros(batch.num_rows, np.int64)
-        self._seq = max(self._seq, int(batch.column(columns.SEQ).to_numpy().max()))
         self._ts = max(self._ts, int(batch.column(columns.TS).to_numpy().max()))
         visible = batch.select(self.op.inputs[0].schema.names)
-        return self._stamp(self.user.process(visible, b, self.state))
+        return self._stamp(self.user.process(visible, b, self.state), 0)
 
     def fire(self, watermark):
-        out = self.user.on_end(self.state) if watermark is None else self.user.on_watermark(watermark, self.state)
-        return self._stamp(out)
+        if watermark is None:
+            return self._stamp(self.user.on_end(self.state), 2)
+        return self._stamp(self.user.on_watermark(watermark, self.state), 1)
 
-    def _stamp(self, out) -> list[pa.RecordBatch]:
+    def _stamp(self, out, call: int) -> list[pa.RecordBatch]:
         if out is None or out.num_rows == 0:
             return []
         if isinstance(out, pa.Table):
             out = out.combine_chunks().to_batches()[0]
         n = out.num_rows
-        out = out.select(self.op.schema.names).cast(self.op.schema.to_arrow())
-        for name, v in ((columns.SEQ, self._seq), (columns.TS, self._ts), (columns.WM, self._ts)):
-            out = out.append_column(name, pa.array(np.full(n, v, np.int64)))
+        names = self.op.schema.names
+        out = out.select(names).cast(self.op.schema.to_arrow())
+        out = out.append_column(columns.SEQ, pa.array(np.full(n, self._frontier, np.int64)))
+        out = out.append_column(columns.ID, pa.array(ids.content_ids(self.salt, self._round, call, out, names)))
+        for name in (columns.TS, columns.WM):
+            out = out.append_column(name, pa.array(np.full(n, self._ts, np.int64)))
         return [out]
 
     def extract(self, bin):
@@ -260,7 +293,7 @@ class CustomOp(StatefulOp):
 
 
 def _take_ready(batches: list[pa.RecordBatch], frontier: int):
-    """(rows with seq <= frontier sorted by seq, the remaining batches)."""
+    """(rows with seq <= frontier sorted by (seq, id), the remaining batches)."""
     batch = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
     seq = batch.column(columns.SEQ).to_numpy()
     rest: list[pa.RecordBatch] = []
@@ -271,8 +304,9 @@ def _take_ready(batches: list[pa.RecordBatch], frontier: int):
         seq = batch.column(columns.SEQ).to_numpy()
     if batch.num_rows == 0:
         return None, rest
-    if seq.size > 1 and (np.diff(seq) < 0).any():
-        batch = columns.take(batch, np.argsort(seq, kind="stable"))
+    perm = ids.consume_order(seq, batch.column(columns.ID).to_numpy())
+    if perm is not None:
+        batch = columns.take(batch, perm)
     return batch, rest
 
 
