@@ -128,7 +128,7 @@ def run_sparkcep(workload: str, rate, events: int, args, console, latency: bool 
         task = bar.add_task(label, total=events, rate="")
         suite.warm_up(engine, suite.query(workload, latency), suite.warm_up_source(workload, args.ips), instances)
         q = suite.query(workload, latency)
-        engine.deploy(q, parallelism=suite.parallelism(workload, instances),
+        engine.deploy(q, parallelism=instances,
                       retain=False)  # like Spark's noop sink: results are counted and timed, not kept
 
         def tick(r, sent):
