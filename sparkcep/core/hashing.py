@@ -70,10 +70,11 @@ def derive_ids(salt: np.uint64, *parts: np.ndarray) -> np.ndarray:
 
 
 def fold_in(h: np.uint64, *parts: int) -> np.uint64:
-    """:func:`fold` of ``parts`` (non-negative ints) into ``h``, one after the other, in Python."""
+    """:func:`fold` of the ints ``parts`` (their 64-bit two's complement) into ``h``, one after the
+    other, in Python."""
     h = np.uint64(h)
     for p in parts:
-        h = np.uint64(fold(h, np.uint64(p)))
+        h = np.uint64(fold(h, np.uint64(int(p) & 0xFFFF_FFFF_FFFF_FFFF)))
     return h
 
 

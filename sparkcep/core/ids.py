@@ -16,15 +16,18 @@ union, input port ``p``       kept                                        salt, 
 apply                         kept                                        kept; the k-th repeat (k >= 1)
                                                                           of an id: salt, id, k
 aggregate (time, tuple)       largest of the window's rows                salt, window start, key hash
-running aggregate             the group's last row of the batch           salt, that ``__seq``, key hash
+running aggregate             the group's last row of the batch           salt, step, key hash
 join                          larger of the pair's                        salt, window start, left
                                                                           (seq, id), right (seq, id)
-``stateful()``                the frontier it was emitted at              salt, round, call, content
+``stateful()``                the frontier it was emitted at              salt, step, call, content
                                                                           hash, k (:func:`content_ids`)
 ============================  ==========================================  =============================
 
-Two rows of one output collide only if two different derivations hash
-alike (2^-64 a pair).
+The step of a running aggregate's update or of a user operator's call is
+the advance's (frontier, round): an upstream window may emit rows of old
+sequence numbers at any later advance, so a sequence number alone does not
+tell two updates apart. Two rows of one output collide only if two
+different derivations hash alike (2^-64 a pair).
 """
 
 from __future__ import annotations
@@ -115,13 +118,14 @@ def apply_ids(salt: np.uint64, seq: np.ndarray, ids: np.ndarray) -> np.ndarray |
     return np.where(k > 0, derive_ids(salt, ids, k), ids)
 
 
-def content_ids(salt: np.uint64, round: int, call: int, batch: pa.RecordBatch, names: list[str]) -> np.ndarray:
+def content_ids(salt: np.uint64, step: tuple[int, int], call: int, batch: pa.RecordBatch,
+                names: list[str]) -> np.ndarray:
     """Ids of the rows a user ``stateful()`` operator emitted in one call.
 
-    ``round``: how many advances before this one had the same frontier (an
-    end of input repeats it); ``call``: 0 ``process``, 1 ``on_watermark``, 2
-    ``on_end``. Equal rows are numbered by occurrence.
+    ``step``: the advance's (frontier, round), see
+    :class:`~sparkcep.core.operators.StatefulOp`; ``call``: 0 ``process``, 1
+    ``on_watermark``, 2 ``on_end``. Equal rows are numbered by occurrence.
     """
     h = hash_rows(*columns.encode_keys(batch, names)).view(np.int64)
     k = repeats(h, h)
-    return derive_ids(fold_in(salt, round, call), h, np.zeros(len(h), np.int64) if k is None else k)
+    return derive_ids(fold_in(salt, *step, call), h, np.zeros(len(h), np.int64) if k is None else k)

@@ -117,6 +117,11 @@ class StatefulOp(PhysicalOperator):
     Tuples that come after their window fired are *late*: never merged,
     counted, reported in the log the first time, and, for an aggregate with
     ``late=``, put in ``late_batches`` for its :class:`~sparkcep.query.operators.LateRows`.
+
+    ``step`` names the advance under way, the same in every instance and
+    replica: (its frontier, how many advances before it had that frontier —
+    an end of input repeats the last one). Rows that are one update of a
+    running state derive their ids from it.
     """
 
     def __init__(self, op, bins: int):
@@ -124,6 +129,7 @@ class StatefulOp(PhysicalOperator):
         self.bins = bins
         self.pending: list[list[pa.RecordBatch]] = [[] for _ in op.inputs]
         self.late_batches: list[pa.RecordBatch] = []
+        self.step: tuple[int | None, int] = (None, 0)
 
     def note_late(self, n: int) -> None:
         """``n`` tuples were late: say so in the log, once per operator and process."""
@@ -141,6 +147,7 @@ class StatefulOp(PhysicalOperator):
 
     def advance(self, frontier, watermark):
         """Yields what consuming the input up to ``frontier`` and firing at ``watermark`` emits."""
+        self.step = (frontier, self.step[1] + 1 if frontier == self.step[0] else 0)
         for port, batches in enumerate(self.pending):
             if batches:
                 ready, self.pending[port] = _take_ready(batches, frontier)
@@ -166,11 +173,12 @@ class StatefulOp(PhysicalOperator):
 class AggregateOp(StatefulOp):
     def __init__(self, op: logical.Aggregate, bins: int):
         super().__init__(op, bins)
-        kind = RunningAggregate if isinstance(op.window, Running) else WindowAggregate
+        self.running = isinstance(op.window, Running)
+        kind = RunningAggregate if self.running else WindowAggregate
         self.agg = kind(op.window, op.by, op.funcs, op.inputs[0].schema, op.schema, bins, op.name)
 
     def consume(self, port, batch):
-        out = self.agg.add(batch)
+        out = self.agg.add(batch, self.step) if self.running else self.agg.add(batch)
         late = getattr(self.agg, "late_rows", None)
         if late is not None and late.size:
             self.note_late(late.size)
@@ -238,8 +246,8 @@ class CustomOp(StatefulOp):
     bin -> value).
 
     Its rows get ``__seq`` = the frontier of the advance that emitted them and
-    ids from their content (:func:`ids.content_ids`), the same wherever its
-    bins run.
+    ids from the step and their content (:func:`ids.content_ids`), the same
+    wherever its bins run.
     """
 
     def __init__(self, op: logical.Custom, bins: int):
@@ -248,13 +256,6 @@ class CustomOp(StatefulOp):
         self.state = self.user.new_state(bins)
         self.salt = operator_salt(op.name)
         self._ts = 0
-        self._frontier: int | None = None
-        self._round = 0  # advances before this one at the same frontier (an end of input repeats it)
-
-    def advance(self, frontier, watermark):
-        self._round = self._round + 1 if frontier == self._frontier else 0
-        self._frontier = frontier
-        return super().advance(frontier, watermark)
 
     def consume(self, port, batch):
         if self.op.by:
@@ -279,8 +280,8 @@ class CustomOp(StatefulOp):
         n = out.num_rows
         names = self.op.schema.names
         out = out.select(names).cast(self.op.schema.to_arrow())
-        out = out.append_column(columns.SEQ, pa.array(np.full(n, self._frontier, np.int64)))
-        out = out.append_column(columns.ID, pa.array(ids.content_ids(self.salt, self._round, call, out, names)))
+        out = out.append_column(columns.SEQ, pa.array(np.full(n, self.step[0], np.int64)))
+        out = out.append_column(columns.ID, pa.array(ids.content_ids(self.salt, self.step, call, out, names)))
         for name in (columns.TS, columns.WM):
             out = out.append_column(name, pa.array(np.full(n, self._ts, np.int64)))
         return [out]

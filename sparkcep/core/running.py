@@ -18,7 +18,7 @@ from numba import njit
 
 from sparkcep.core import columns
 from sparkcep.core.aggregate import COUNT_ALL, GROUP, Program, _apply
-from sparkcep.core.hashing import derive_ids, hash_words, operator_salt
+from sparkcep.core.hashing import derive_ids, fold_in, hash_words, operator_salt
 from sparkcep.core.table import ACC, AUX, BinnedTable, find_slot, key_bytes, lookup, place, room, slot_hash, touch
 from sparkcep.query.aggregates import AggFunc
 from sparkcep.schema import Schema
@@ -174,7 +174,7 @@ class RunningAggregate:
     def __init__(self, window, by: list[str], funcs: dict[str, AggFunc], schema: Schema,
                  out_schema: Schema, bins: int, name: str = ""):
         self.by, self.out_schema, self.bins = by, out_schema, bins
-        self.salt = operator_salt(name)  # output ids: (operator, the update's sequence number, key)
+        self.salt = operator_salt(name)  # output ids: (operator, the update's step, key)
         unpadded = Program(funcs, schema)
         pad = -(ACC + unpadded.n_int + unpadded.n_float) % LINE  # a probe touches one line, not two
         self.program = p = Program(funcs, schema, reserved=pad)
@@ -191,8 +191,9 @@ class RunningAggregate:
         h, w0, w1 = hash_words(koff, kdata)
         return h, w0, w1, koff, kdata, (h & np.uint64(self.bins - 1)).astype(np.int64)
 
-    def add(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
-        """Aggregate a batch; returns one row per group it held, with the group's values so far."""
+    def add(self, batch: pa.RecordBatch, step: tuple[int, int] = (0, 0)) -> list[pa.RecordBatch]:
+        """Aggregate a batch; returns one row per group it held, with the group's values so far.
+        ``step``: the advance consuming it (:class:`~sparkcep.core.operators.StatefulOp`), for the rows' ids."""
         n = batch.num_rows
         if n == 0:
             return []
@@ -216,7 +217,7 @@ class RunningAggregate:
         last, b, rows = updates(table.ent, touched_b, touched_e, nt, seq, self.wanted)
         cols = [columns.take(batch.column(f), last) for f in self.by]
         cols += self.program.results(rows, table.arena, b)
-        cols += [pa.array(rows[AUX], pa.int64()), pa.array(derive_ids(self.salt, rows[AUX], K[0][last])),
+        cols += [pa.array(rows[AUX], pa.int64()), pa.array(derive_ids(fold_in(self.salt, *step), K[0][last])),
                  pa.array(ts[last], pa.int64()),
                  pa.array(batch.column(columns.WM).to_numpy()[last], pa.int64())]
         return [pa.RecordBatch.from_arrays(cols, names=self.out_schema.names + list(columns.HIDDEN))]
