@@ -62,7 +62,7 @@ def main(argv=None) -> int:
         session = sb.session()
         session.sparkContext.setLogLevel("ERROR")
         try:
-            cli.warm_spark(session, ["fixwindow"], args)
+            cli.warm_spark(session, [("fixwindow", latency)], args)
             theirs = cli.run_spark(session, "fixwindow", a.rate, a.events, args, console, latency)
         finally:
             session.stop()

@@ -50,7 +50,7 @@ def main(argv=None) -> int:
         session = sb.session()
         session.sparkContext.setLogLevel("ERROR")
         try:
-            cli.warm_spark(session, a.queries, args)
+            cli.warm_spark(session, [(q, latency) for q in a.queries], args)
             theirs = {q: cli.run_spark(session, q, a.rate, a.events, args, console, latency) for q in a.queries}
         finally:
             session.stop()

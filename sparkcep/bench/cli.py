@@ -90,7 +90,7 @@ def run(args) -> int:
         spark = sb.session()
         spark.sparkContext.setLogLevel("ERROR")
         try:
-            warm_spark(spark, [w for w, *_ in todo], args)
+            warm_spark(spark, [(w, latency) for w, _, _, latency in todo], args)
             for w, rate, events, latency in todo:
                 if suite.has_spark_peer(w):
                     results.append(run_spark(spark, w, rate, events, args, console, latency))
@@ -128,7 +128,7 @@ def run_sparkcep(workload: str, rate, events: int, args, console, latency: bool 
         task = bar.add_task(label, total=events, rate="")
         suite.warm_up(engine, suite.query(workload, latency), suite.warm_up_source(workload, args.ips), instances)
         q = suite.query(workload, latency)
-        engine.deploy(q, parallelism=suite.parallelism(workload, instances),
+        engine.deploy(q, parallelism=instances,
                       retain=False)  # like Spark's noop sink: results are counted and timed, not kept
 
         def tick(r, sent):
@@ -144,19 +144,20 @@ def run_sparkcep(workload: str, rate, events: int, args, console, latency: bool 
     return res
 
 
-def warm_spark(spark, names, args) -> None:
-    """Run each workload of ``names`` once, untimed, on as many events as sparkcep warms up on:
-    Spark's first queries pay for planning, code generation and a cold JIT, as ours pay for
-    loading kernels."""
+def warm_spark(spark, plans, args) -> None:
+    """Run each workload of ``plans`` ((workload, latency run?) pairs) once per configuration, untimed,
+    on as many events as sparkcep warms up on: Spark's first queries pay for planning, code generation,
+    a cold JIT and (latency runs of windows) starting its Python ``foreachBatch`` callback, as ours pay
+    for loading kernels."""
     from sparkcep.bench import spark as sb
-    for w in dict.fromkeys(names):
+    for w, latency in dict.fromkeys(plans):
         if not suite.has_spark_peer(w):
             continue
+        windowed = suite.windows_us(w, latency) is not None
         wd = sb.workdir()
         try:
-            sb.run_query(spark, w, suite.spark_df(w, False, args.instances), suite.warm_up_source(w, args.ips),
-                         suite.WARM_UP_EVENTS, None, wd,
-                         _gap_us(w, False), suite.windows_us(w, False) is not None)
+            sb.run_query(spark, w, suite.spark_df(w, latency, args.instances), suite.warm_up_source(w, args.ips),
+                         suite.WARM_UP_EVENTS, None, wd, _gap_us(w, latency), windowed, record=latency and windowed)
         finally:
             sb.cleanup(wd)
 
@@ -184,8 +185,9 @@ def run_spark(spark, workload: str, rate, events: int, args, console, latency: b
                 el = max(time.time_ns() - t0, 1) / 1e9
                 bar.update(task, completed=done, rate=f"{done / el:,.0f} ev/s")
 
+            windowed = suite.windows_us(workload, latency) is not None
             srun = sb.run_query(spark, workload, suite.spark_df(workload, latency, args.instances), src, events,
-                                rate, wd, _gap_us(workload, latency), suite.windows_us(workload, latency) is not None,
+                                rate, wd, _gap_us(workload, latency), windowed, record=latency and windowed,
                                 progress=progress)
     finally:
         sb.cleanup(wd)

@@ -91,7 +91,7 @@ def write(path: Path, results: list[dict], args, pipeline=None) -> None:
         "streams it reads (Q5, Q7: bids, 92% of the events; Q8: people and auctions, 8%), and its events/s "
         "counts every event of the stream, as NEXMark reports a source's rate, for both engines alike.",
         "",
-        f"## Throughput (input as fast as possible; median of {args.repeat} runs each)",
+        f"## Throughput (input as fast as possible; median of {_runs(args.repeat)} each)",
         "",
         f"Windows: {_windows(thr)}.",
         "",
@@ -144,6 +144,10 @@ def write(path: Path, results: list[dict], args, pipeline=None) -> None:
     path.write_text("\n".join(lines))
 
 
+def _runs(n: int) -> str:
+    return f"{n} run" if n == 1 else f"{n} runs"
+
+
 def _windows(w: dict[str, str]) -> str:
     return "; ".join(f"{name} {desc}" for name, desc in w.items())
 
@@ -169,18 +173,21 @@ def _pipeline_lines(runs, workers: int) -> list[str]:
         "fixwindow (HiBench's 10 s windows) on the same Parquet files, in the same Spark session: Spark alone, "
         "and Spark writing the records into the engine and reading the windows back (`sparkcep.bench.pipeline`, "
         f"engine `workers={workers}`); both warmed, "
-        f"{len(runs['native'])} runs each, alternating; the median run of each path. Stages of the routed path: "
-        "sink (Spark -> engine), end of input, source (engine -> Spark). Complete: every run's windows equal a "
-        "batch Spark computation over the same files (native: as many windows).",
+        f"{_runs(len(runs['native']))} each, alternating; the median run of each path. Stages of the routed path: "
+        "sink (Spark -> engine), end of input, source (engine -> Spark). CPU: seconds of CPU the run took in "
+        "Spark's processes and in the engine's (on a shared machine they vary far less than wall time). "
+        "Complete: every run's windows equal a batch Spark computation over the same files (native: as many "
+        "windows).",
         "",
-        "| path | events | seconds | events/s | / Spark native | stages (s) | complete |",
-        "| --- | ---: | ---: | ---: | ---: | --- | --- |"]
+        "| path | events | seconds | events/s | / Spark native | stages (s) | CPU s | complete |",
+        "| --- | ---: | ---: | ---: | ---: | --- | --- | --- |"]
     for path in ("native", "routed"):
         r = median(path)
         stages = ", ".join(f"{k} {v:.2f}" for k, v in r.stages.items()) or "-"
+        cpu = ", ".join(f"{k} {v:.1f}" for k, v in r.cpu.items()) or "-"
         done = all(c for _, c in runs[path])
         out.append(f"| {path} | {r.events:,} | {r.seconds:.2f} | {r.rate:,.0f} | {r.rate / native.rate:.2f}x | "
-                   f"{stages} | {'yes' if done else 'NO'} |")
+                   f"{stages} | {cpu} | {'yes' if done else 'NO'} |")
     return out + [""]
 
 

@@ -210,14 +210,15 @@ class SparkRun:
 
 
 def run_query(spark, workload: str, df_of, source, events: int, rate: float | None, workdir: Path,
-              gap_us: int, windowed: bool, timeout_s: float = 900.0, progress=None) -> SparkRun:
+              gap_us: int, windowed: bool, record: bool = False, timeout_s: float = 900.0,
+              progress=None) -> SparkRun:
     """Run one query on Spark over ``events`` events of ``source``: pre-written files when ``rate`` is
     None (as fast as Spark reads them), else fed at ``rate`` while the query runs.
 
     ``df_of(streams)`` builds (DataFrame, output mode) from {stream: streaming DataFrame};
     ``gap_us``: how far past the last event the flush goes (a window); ``windowed``: the
-    query emits windows (it is done once the watermark passes the last event, and its
-    latency runs record their rows per window).
+    query emits windows (it is done once the watermark passes the last event); ``record``:
+    end in a :class:`WindowRecorder` instead of ``noop`` (latency runs of windowed queries).
     """
     inp, ckpt = workdir / "input", workdir / "checkpoint"
     for d in (inp, ckpt):
@@ -231,7 +232,7 @@ def run_query(spark, workload: str, df_of, source, events: int, rate: float | No
         log = write_input(dirs, source, events, time.time_ns() // 1000, source.nominal_rate or 1e6, gap_us)
     streams = {s: spark.readStream.schema(spark_ddl(source.ddl[s])).parquet(str(d)) for s, d in dirs.items()}
     df, mode = df_of(streams)
-    recorder = WindowRecorder() if windowed and rate is not None else None
+    recorder = WindowRecorder() if windowed and record else None
     writer = df.writeStream.outputMode(mode).option("checkpointLocation", str(ckpt))
     writer = writer.foreachBatch(recorder) if recorder is not None else writer.format("noop")
     gc.freeze()  # as the sparkcep driver does (:mod:`sparkcep.bench.driver`): no full collection pauses the feeder
@@ -313,7 +314,7 @@ def _batch_end(p: dict) -> int:
 # --- latency and throughput -------------------------------------------------------------------
 def latencies(run: SparkRun) -> Latency:
     """Per input record (records, running counts) or per result row and window close (windows; none
-    in a throughput run, which does not record its windows)."""
+    when they were not recorded)."""
     log = run.log
     if run.windowed:
         lasts, arrivals = np.array(log.last, np.int64), np.array(log.arrival, np.int64)

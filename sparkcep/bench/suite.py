@@ -24,14 +24,17 @@ WARM_UP_EVENTS = workloads.WARM_UP_BATCHES * workloads.WARM_UP_ROWS
 
 
 def suite(name: str) -> str:
+    """The benchmark suite workload ``name`` belongs to."""
     return "NEXMark" if name in NEXMARK else "HiBench"
 
 
 def has_spark_peer(name: str) -> bool:
+    """Whether Spark Structured Streaming runs workload ``name`` too."""
     return name not in workloads.NO_SPARK_PEER
 
 
 def scale(latency: bool) -> int:
+    """How many times shorter than the suites' own the windows of a run are."""
     return LATENCY_SCALE if latency else 1
 
 
@@ -50,10 +53,6 @@ def query(name: str, latency: bool) -> cep.Query:
     if name in NEXMARK:
         return nexmark_queries.query(name, scale(latency))
     return workloads.query(name, window_us=workloads.WINDOW_US // scale(latency))
-
-
-def parallelism(name: str, instances: int) -> int:
-    return max(1, instances)
 
 
 def source(name: str, seed: int, ips: int):

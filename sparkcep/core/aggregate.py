@@ -2,8 +2,10 @@
 
 Each function of an aggregate becomes an opcode reading one value column and
 owning a few accumulator slots of its entry (window, group). Rows are
-processed in source sequence order, so float sums, tuple windows and
-first/last ties come out the same in every deployment.
+processed in (sequence number, output id) order, so float sums, tuple windows
+and first/last come out the same in every deployment: first/last go by
+(event time, sequence number), rows equal in both by that order (the first
+of them is first, the last is last).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import pyarrow as pa
 from numba import njit
 
 from sparkcep.core import columns
-from sparkcep.core.hashing import bin_ids, gather_binned, hash_words
+from sparkcep.core.hashing import bin_ids, derive_ids, gather_binned, hash_rows, hash_words, operator_salt
 from sparkcep.core.strings import compare_bytes
 from sparkcep.core.table import (ACC, ARENA_USED, AUX, COUNTER, WSTART, BinnedTable, find_slot, key_bytes,
                                   lookup, place, room, slot_hash, touch)
@@ -102,8 +104,8 @@ def _apply(acc_i, acc_f, arena, meta, rows, bins, entries, k, ts, seq, ops, cols
             for q in range(k):
                 r, b, e = rows[q], bins[q], entries[q]
                 if valid[c, r]:
-                    newer = _later(ts[r], seq[r], acc_i[b, e, si], acc_i[b, e, si + 1])
-                    if acc_i[b, e, si + 2] == 0 or (newer if op == LAST else not newer):
+                    earlier = _later(acc_i[b, e, si], acc_i[b, e, si + 1], ts[r], seq[r])
+                    if acc_i[b, e, si + 2] == 0 or (earlier if op == FIRST else not earlier):
                         acc_i[b, e, si] = ts[r]
                         acc_i[b, e, si + 1] = seq[r]
                         acc_i[b, e, si + 2] = 1
@@ -112,8 +114,8 @@ def _apply(acc_i, acc_f, arena, meta, rows, bins, entries, k, ts, seq, ops, cols
             for q in range(k):
                 r, b, e = rows[q], bins[q], entries[q]
                 if valid[c, r]:
-                    newer = _later(ts[r], seq[r], acc_i[b, e, si + 2], acc_i[b, e, si + 3])
-                    if acc_i[b, e, si + 4] == 0 or (newer if op == LAST_S else not newer):
+                    earlier = _later(acc_i[b, e, si + 2], acc_i[b, e, si + 3], ts[r], seq[r])
+                    if acc_i[b, e, si + 4] == 0 or (earlier if op == FIRST_S else not earlier):
                         _put_string(acc_i, arena, meta, b, e, si, sdata, soff[c, r], slen[c, r])
                         acc_i[b, e, si + 2] = ts[r]
                         acc_i[b, e, si + 3] = seq[r]
@@ -421,14 +423,15 @@ def _opcode(kind: str, t: str | None) -> int:
 class WindowAggregate:
     """The state and kernels of one Aggregate operator instance.
 
-    :meth:`add` takes rows in sequence order; :meth:`fire` emits the windows
+    :meth:`add` takes rows in (sequence number, id) order; :meth:`fire` emits the windows
     the watermark has closed; :meth:`extract` / :meth:`install` move one
     bin's state.
     """
 
     def __init__(self, window, by: list[str], funcs: dict[str, AggFunc], schema: Schema,
-                 out_schema: Schema, bins: int):
+                 out_schema: Schema, bins: int, name: str = ""):
         self.window, self.by, self.schema, self.out_schema = window, by, schema, out_schema
+        self.salt = operator_salt(name)  # output ids: (operator, window start, key)
         self.key_fields = {f: schema.fields[f] for f in by}
         self.tuple_window = isinstance(window, TupleWindow)
         self.program = Program(funcs, schema, reserved=1 if self.tuple_window else 0)
@@ -449,7 +452,7 @@ class WindowAggregate:
         return h, w0, w1, koff, kdata, bin_ids(h, self.bins)
 
     def add(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
-        """Add a batch sorted by sequence number; returns the tuple windows it filled."""
+        """Add a batch sorted by (sequence number, id); returns the tuple windows it filled."""
         n = batch.num_rows
         if n == 0:
             return []
@@ -534,7 +537,8 @@ class WindowAggregate:
         if self.by:
             cols += columns.decode_keys(koff, kdata, self.key_fields)
         cols += self.program.results(rows, self.table.arena, b)
-        cols += [pa.array(rows[AUX], pa.int64()), pa.array(ts, pa.int64()), pa.array(wm, pa.int64())]
+        ids = derive_ids(self.salt, starts, hash_rows(koff, kdata))
+        cols += [pa.array(rows[AUX], pa.int64()), pa.array(ids), pa.array(ts, pa.int64()), pa.array(wm, pa.int64())]
         return [pa.RecordBatch.from_arrays(cols, names=self.out_schema.names + list(columns.HIDDEN))]
 
     def extract(self, bin: int) -> BinnedTable:

@@ -9,21 +9,23 @@ import pyarrow.compute as pc
 from sparkcep.core import hashing
 from sparkcep.schema import TYPES
 
-SEQ, TS, WM = "__seq", "__ts", "__wm"  # hidden columns every internal batch carries
-HIDDEN = (SEQ, TS, WM)
+# hidden columns every internal batch carries: sequence number, output id (uint64 bits, see
+# sparkcep.core.ids; a row's output id is (SEQ, ID)), event time, source watermark
+SEQ, ID, TS, WM = "__seq", "__id", "__ts", "__wm"
+HIDDEN = (SEQ, ID, TS, WM)
 
 KIND_FIXED, KIND_STRING = 0, 1
 
 
 def stamp(batch: pa.RecordBatch, first_seq: int, time_field: str | None, watermark: int) -> pa.RecordBatch:
     """``batch`` as the engine sends it in: the hidden columns appended — sequence numbers from
-    ``first_seq`` on, event times from ``time_field`` (0 without one), and the source's
-    ``watermark`` from before the batch on every row."""
+    ``first_seq`` on, output ids (seq, 0), event times from ``time_field`` (0 without one), and
+    the source's ``watermark`` from before the batch on every row."""
     n = batch.num_rows
     seq = np.arange(first_seq, first_seq + n, dtype=np.int64)
     ts = batch.column(time_field).cast(pa.int64()).to_numpy() if time_field is not None else np.zeros(n, np.int64)
-    return batch.append_column(SEQ, pa.array(seq)).append_column(TS, pa.array(ts)) \
-        .append_column(WM, pa.array(np.full(n, watermark, np.int64)))
+    return batch.append_column(SEQ, pa.array(seq)).append_column(ID, pa.array(np.zeros(n, np.int64))) \
+        .append_column(TS, pa.array(ts)).append_column(WM, pa.array(np.full(n, watermark, np.int64)))
 
 
 def take(data, rows: np.ndarray):

@@ -40,6 +40,52 @@ def mix64(x):
 
 
 @njit(nogil=True, cache=True, inline="always")
+def fold(h, x):
+    """``h`` (uint64) with the 64-bit value ``x`` mixed in: for a fixed ``h`` a bijection of ``x``,
+    so values folded into one prefix never collide. Output ids are chains of folds
+    (:mod:`sparkcep.core.ids`)."""
+    return _mix(h ^ np.uint64(x))
+
+
+@njit(nogil=True, cache=True)
+def _derive(salt, parts):
+    k, n = parts.shape
+    out = np.empty(n, np.int64)
+    for i in range(n):
+        h = salt
+        for j in range(k):
+            h = fold(h, parts[j, i])
+        out[i] = np.int64(h)
+    return out
+
+
+def derive_ids(salt: np.uint64, *parts: np.ndarray) -> np.ndarray:
+    """Per row ``i``: ``salt`` folded with ``parts[0][i]``, ``parts[1][i]``, ... (64-bit arrays of
+    one length), as int64 bits; what each operator folds is in :mod:`sparkcep.core.ids`.
+
+    The parts are stacked into one (k, n) array: one compiled kernel for
+    every operator, whatever its arrays' layout or writability.
+    """
+    return _derive(np.uint64(salt), np.stack([p.view(np.int64) for p in parts]))
+
+
+def fold_in(h: np.uint64, *parts: int) -> np.uint64:
+    """:func:`fold` of the ints ``parts`` (their 64-bit two's complement) into ``h``, one after the
+    other, in Python."""
+    h = np.uint64(h)
+    for p in parts:
+        h = np.uint64(fold(h, np.uint64(int(p) & 0xFFFF_FFFF_FFFF_FFFF)))
+    return h
+
+
+def operator_salt(name: str, *parts: int) -> np.uint64:
+    """An operator's stable number: :func:`hash_key` of its name (names are unique in a query),
+    folded with ``parts`` (an input port, say)."""
+    data = np.frombuffer(name.encode(), np.uint8)
+    return fold_in(hash_rows(np.array([0, len(data)], np.int64), data)[0], *parts)
+
+
+@njit(nogil=True, cache=True, inline="always")
 def _word(data, s, e):
     """The bytes data[s:e] (at most 8) packed little-endian into a uint64."""
     n = e - s

@@ -11,7 +11,7 @@ from numba import njit
 
 from sparkcep.core import columns
 from sparkcep.core.evaluate import evaluate
-from sparkcep.core.hashing import hash_rows, key_bins
+from sparkcep.core.hashing import derive_ids, hash_rows, key_bins, operator_salt
 from sparkcep.query.operators import Join
 from sparkcep.schema import Schema
 
@@ -82,6 +82,7 @@ class WindowJoin:
         self.next_start: int | None = None  # smallest window start that may hold buffered rows
         self.fired = -(2 ** 63)  # every window starting before this has fired: never fire it again
         self.late_by_port = [0, 0]  # tuples that missed a window, per input
+        self.salt = operator_salt(op.name)  # output ids: (operator, window, left id, right id)
 
     @property
     def late(self) -> int:
@@ -170,9 +171,12 @@ class WindowJoin:
             cols[out] = l.column(name)
         for name, out in op.right_names.items():
             cols[out] = r.column(name)
-        seq = np.maximum(l.column(columns.SEQ).to_numpy(), r.column(columns.SEQ).to_numpy())
+        (lseq, lid), (rseq, rid) = [(side.column(columns.SEQ).to_numpy(), side.column(columns.ID).to_numpy())
+                                    for side in (l, r)]
+        ids = derive_ids(self.salt, np.full(n, start, np.int64), lseq, lid, rseq, rid)
         ts = np.full(n, end - 1, np.int64)
-        cols.update({columns.SEQ: pa.array(seq), columns.TS: pa.array(ts), columns.WM: pa.array(ts)})
+        cols.update({columns.SEQ: pa.array(np.maximum(lseq, rseq)), columns.ID: pa.array(ids),
+                     columns.TS: pa.array(ts), columns.WM: pa.array(ts)})
         batch = pa.RecordBatch.from_pydict(cols)
         if op.where is not None:
             value, ok = evaluate(op.where, batch, op.schema)

@@ -2,8 +2,9 @@
 
 Stateless operators transform each batch as it comes. Stateful operators
 buffer their input and, at each progress point, consume the rows up to the
-progress frontier in sequence order and fire what the watermark closed; so
-their results never depend on arrival order.
+progress frontier in (sequence number, output id) order and fire what the
+watermark closed; so their results never depend on arrival order. Every
+operator gives its rows output ids as :mod:`sparkcep.core.ids` says.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ from typing import Iterable
 import numpy as np
 import pyarrow as pa
 
-from sparkcep.core import columns
+from sparkcep.core import columns, ids
 from sparkcep.core.aggregate import WindowAggregate
 from sparkcep.core.evaluate import evaluate, to_arrow
-from sparkcep.core.hashing import key_bins
+from sparkcep.core.hashing import derive_ids, key_bins, operator_salt
 from sparkcep.core.join import WindowJoin
 from sparkcep.core.running import RunningAggregate
 from sparkcep.errors import QueryError
@@ -69,12 +70,25 @@ class FilterOp(PhysicalOperator):
 
 
 class UnionOp(PhysicalOperator):
+    """Passes every input on; ids are refolded with the input port, so the two copies of a tuple
+    that reached it through two demux branches differ."""
+
+    def __init__(self, op):
+        super().__init__(op)
+        self.salts = [operator_salt(op.name, port) for port in range(len(op.inputs))]
+
     def process(self, port, batch):
-        return [batch]
+        i = batch.schema.get_field_index(columns.ID)
+        return [batch.set_column(i, columns.ID, pa.array(derive_ids(self.salts[port], batch.column(i).to_numpy())))]
 
 
 class ApplyOp(PhysicalOperator):
-    """Runs a user's ``fn(batch) -> batch``; the batch carries the engine's hidden columns."""
+    """Runs a user's ``fn(batch) -> batch``; the batch carries the engine's hidden columns, which
+    its rows keep. A row emitted more than once is told apart by occurrence (:func:`ids.apply_ids`)."""
+
+    def __init__(self, op):
+        super().__init__(op)
+        self.salt = operator_salt(op.name)
 
     def process(self, port, batch):
         out = self.op.fn(batch)
@@ -91,16 +105,24 @@ class ApplyOp(PhysicalOperator):
         if missing:
             raise QueryError(f"apply({self.op.name}): the returned batch lacks {missing}; keep the input's "
                              f"hidden columns {list(columns.HIDDEN)} (filter/take/append_column keep them)")
-        return [out.select(want).cast(pa.schema([(n, t) for n, t in zip(want, self.op.schema.to_arrow().types +
-                                                  [pa.int64()] * 3)]))]
+        out = out.select(want).cast(pa.schema([(n, t) for n, t in zip(want, self.op.schema.to_arrow().types +
+                                                [pa.int64()] * len(columns.HIDDEN))]))
+        i = out.schema.get_field_index(columns.ID)
+        renumbered = ids.apply_ids(self.salt, out.column(columns.SEQ).to_numpy(), out.column(i).to_numpy())
+        return [out if renumbered is None else out.set_column(i, columns.ID, pa.array(renumbered))]
 
 
 class StatefulOp(PhysicalOperator):
-    """Buffers input per port; at progress consumes it in sequence order, then fires.
+    """Buffers input per port; at progress consumes it in (sequence number, id) order, then fires.
 
     Tuples that come after their window fired are *late*: never merged,
     counted, reported in the log the first time, and, for an aggregate with
     ``late=``, put in ``late_batches`` for its :class:`~sparkcep.query.operators.LateRows`.
+
+    ``step`` names the advance under way, the same in every instance and
+    replica: (its frontier, how many advances before it had that frontier —
+    an end of input repeats the last one). Rows that are one update of a
+    running state derive their ids from it.
     """
 
     def __init__(self, op, bins: int):
@@ -108,6 +130,7 @@ class StatefulOp(PhysicalOperator):
         self.bins = bins
         self.pending: list[list[pa.RecordBatch]] = [[] for _ in op.inputs]
         self.late_batches: list[pa.RecordBatch] = []
+        self.step: tuple[int | None, int] = (None, 0)
 
     def note_late(self, n: int) -> None:
         """``n`` tuples were late: say so in the log, once per operator and process."""
@@ -125,6 +148,7 @@ class StatefulOp(PhysicalOperator):
 
     def advance(self, frontier, watermark):
         """Yields what consuming the input up to ``frontier`` and firing at ``watermark`` emits."""
+        self.step = (frontier, self.step[1] + 1 if frontier == self.step[0] else 0)
         for port, batches in enumerate(self.pending):
             if batches:
                 ready, self.pending[port] = _take_ready(batches, frontier)
@@ -190,11 +214,12 @@ class BinState:
 class AggregateOp(StatefulOp):
     def __init__(self, op: logical.Aggregate, bins: int):
         super().__init__(op, bins)
-        kind = RunningAggregate if isinstance(op.window, Running) else WindowAggregate
-        self.agg = kind(op.window, op.by, op.funcs, op.inputs[0].schema, op.schema, bins)
+        self.running = isinstance(op.window, Running)
+        kind = RunningAggregate if self.running else WindowAggregate
+        self.agg = kind(op.window, op.by, op.funcs, op.inputs[0].schema, op.schema, bins, op.name)
 
     def consume(self, port, batch):
-        out = self.agg.add(batch)
+        out = self.agg.add(batch, self.step) if self.running else self.agg.add(batch)
         late = getattr(self.agg, "late_rows", None)
         if late is not None and late.size:
             self.note_late(late.size)
@@ -259,37 +284,46 @@ class JoinOp(StatefulOp):
 
 class CustomOp(StatefulOp):
     """A user's :class:`~sparkcep.query.operators.StatefulOperator` and its state (by default a dict
-    bin -> value)."""
+    bin -> value).
+
+    Its rows get ``__seq`` = the frontier of the advance that emitted them and
+    ids from the step and their content (:func:`ids.content_ids`), the same
+    wherever its bins run.
+    """
 
     def __init__(self, op: logical.Custom, bins: int):
         super().__init__(op, bins)
         self.user = op.op
         self.state = self.user.new_state(bins)
-        self._seq = self._ts = 0
+        self.salt = operator_salt(op.name)
+        self._ts = 0
 
     def consume(self, port, batch):
         if self.op.by:
             b = key_bins(*columns.encode_keys(batch, self.op.by), self.bins)
         else:
             b = np.zeros(batch.num_rows, np.int64)
-        self._seq = max(self._seq, int(batch.column(columns.SEQ).to_numpy().max()))
         self._ts = max(self._ts, int(batch.column(columns.TS).to_numpy().max()))
         visible = batch.select(self.op.inputs[0].schema.names)
-        return self._stamp(self.user.process(visible, b, self.state))
+        return self._stamp(self.user.process(visible, b, self.state), 0)
 
     def fire(self, watermark):
-        out = self.user.on_end(self.state) if watermark is None else self.user.on_watermark(watermark, self.state)
-        return self._stamp(out)
+        if watermark is None:
+            return self._stamp(self.user.on_end(self.state), 2)
+        return self._stamp(self.user.on_watermark(watermark, self.state), 1)
 
-    def _stamp(self, out) -> list[pa.RecordBatch]:
+    def _stamp(self, out, call: int) -> list[pa.RecordBatch]:
         if out is None or out.num_rows == 0:
             return []
         if isinstance(out, pa.Table):
             out = out.combine_chunks().to_batches()[0]
         n = out.num_rows
-        out = out.select(self.op.schema.names).cast(self.op.schema.to_arrow())
-        for name, v in ((columns.SEQ, self._seq), (columns.TS, self._ts), (columns.WM, self._ts)):
-            out = out.append_column(name, pa.array(np.full(n, v, np.int64)))
+        names = self.op.schema.names
+        out = out.select(names).cast(self.op.schema.to_arrow())
+        out = out.append_column(columns.SEQ, pa.array(np.full(n, self.step[0], np.int64)))
+        out = out.append_column(columns.ID, pa.array(ids.content_ids(self.salt, self.step, call, out, names)))
+        for name in (columns.TS, columns.WM):
+            out = out.append_column(name, pa.array(np.full(n, self._ts, np.int64)))
         return [out]
 
     def extract(self, bin):
@@ -300,7 +334,7 @@ class CustomOp(StatefulOp):
 
 
 def _take_ready(batches: list[pa.RecordBatch], frontier: int):
-    """(rows with seq <= frontier sorted by seq, the remaining batches)."""
+    """(rows with seq <= frontier sorted by (seq, id), the remaining batches)."""
     batch = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
     seq = batch.column(columns.SEQ).to_numpy()
     rest: list[pa.RecordBatch] = []
@@ -311,8 +345,9 @@ def _take_ready(batches: list[pa.RecordBatch], frontier: int):
         seq = batch.column(columns.SEQ).to_numpy()
     if batch.num_rows == 0:
         return None, rest
-    if seq.size > 1 and (np.diff(seq) < 0).any():
-        batch = columns.take(batch, np.argsort(seq, kind="stable"))
+    perm = ids.consume_order(seq, batch.column(columns.ID).to_numpy())
+    if perm is not None:
+        batch = columns.take(batch, perm)
     return batch, rest
 
 

@@ -18,7 +18,7 @@ from numba import njit
 
 from sparkcep.core import columns
 from sparkcep.core.aggregate import COUNT_ALL, GROUP, Program, _apply
-from sparkcep.core.hashing import bin_ids, hash_words
+from sparkcep.core.hashing import bin_ids, derive_ids, fold_in, hash_words, operator_salt
 from sparkcep.core.table import ACC, AUX, BinnedTable, find_slot, key_bytes, lookup, place, room, slot_hash, touch
 from sparkcep.query.aggregates import AggFunc
 from sparkcep.schema import Schema
@@ -172,8 +172,9 @@ class RunningAggregate:
     late = 0  # nothing is ever late: no window closes
 
     def __init__(self, window, by: list[str], funcs: dict[str, AggFunc], schema: Schema,
-                 out_schema: Schema, bins: int):
+                 out_schema: Schema, bins: int, name: str = ""):
         self.by, self.out_schema, self.bins = by, out_schema, bins
+        self.salt = operator_salt(name)  # output ids: (operator, the update's step, key)
         unpadded = Program(funcs, schema)
         pad = -(ACC + unpadded.n_int + unpadded.n_float) % LINE  # a probe touches one line, not two
         self.program = p = Program(funcs, schema, reserved=pad)
@@ -190,8 +191,9 @@ class RunningAggregate:
         h, w0, w1 = hash_words(koff, kdata)
         return h, w0, w1, koff, kdata, bin_ids(h, self.bins)
 
-    def add(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
-        """Aggregate a batch; returns one row per group it held, with the group's values so far."""
+    def add(self, batch: pa.RecordBatch, step: tuple[int, int] = (0, 0)) -> list[pa.RecordBatch]:
+        """Aggregate a batch; returns one row per group it held, with the group's values so far.
+        ``step``: the advance consuming it (:class:`~sparkcep.core.operators.StatefulOp`), for the rows' ids."""
         n = batch.num_rows
         if n == 0:
             return []
@@ -215,7 +217,8 @@ class RunningAggregate:
         last, b, rows = updates(table.ent, touched_b, touched_e, nt, seq, self.wanted)
         cols = [columns.take(batch.column(f), last) for f in self.by]
         cols += self.program.results(rows, table.arena, b)
-        cols += [pa.array(rows[AUX], pa.int64()), pa.array(ts[last], pa.int64()),
+        cols += [pa.array(rows[AUX], pa.int64()), pa.array(derive_ids(fold_in(self.salt, *step), K[0][last])),
+                 pa.array(ts[last], pa.int64()),
                  pa.array(batch.column(columns.WM).to_numpy()[last], pa.int64())]
         return [pa.RecordBatch.from_arrays(cols, names=self.out_schema.names + list(columns.HIDDEN))]
 

@@ -228,6 +228,16 @@ class StatefulOperator:
     instances. By default the state is a dict ``bin -> any picklable value``;
     an operator that keeps all its bins in one structure (one hash table, say)
     overrides :meth:`new_state`, :meth:`extract` and :meth:`install`.
+
+    Output ids (:mod:`sparkcep.core.ids`): the rows a call returns get
+    ``__seq`` = the frontier of the progress step that made the call, and an
+    ``__id`` from (operator, which call, the row's values, its occurrence
+    among equal rows of that call). They are the same at every parallelism
+    and in every replica when the operator (1) computes each bin's rows from
+    that bin's input and state only, in the order given (an instance holds
+    any subset of the bins), and (2) never returns, in one call, equal rows
+    for different bins (emit the key with them): equal rows are numbered by
+    occurrence, which only the instance holding both can see.
     """
 
     #: the schema of the rows this operator emits
@@ -238,7 +248,7 @@ class StatefulOperator:
         return {}
 
     def process(self, batch: pa.RecordBatch, bins, state) -> pa.RecordBatch | None:
-        """Called with each batch of input in sequence order; ``bins[i]`` is row i's bin."""
+        """Called with each batch of input in (sequence number, output id) order; ``bins[i]`` is row i's bin."""
         raise NotImplementedError
 
     def on_watermark(self, watermark_us: int, state) -> pa.RecordBatch | None:
@@ -315,7 +325,12 @@ class Stream:
         return Stream(Union(self.op.query, [self.op] + [o.op for o in _streams(others, self)], name))
 
     def apply(self, fn: Callable, schema=None, name: str | None = None) -> "Stream":
-        """A user's stateless operator: ``fn(batch) -> batch`` (``schema``: its output schema)."""
+        """A user's stateless operator: ``fn(batch) -> batch`` (``schema``: its output schema).
+
+        The batch carries the engine's hidden columns; the rows returned keep
+        them (``filter``/``take``/``append_column`` do), and so their output
+        ids: a row returned more than once gets a new id for each repeat.
+        """
         return Stream(Apply(self.op.query, self.op, fn, schema, name))
 
     def aggregate(self, window, by=(), name: str | None = None, late: str | None = None,

@@ -22,7 +22,7 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 
-from sparkcep.core.columns import SEQ
+from sparkcep.core.columns import ID, SEQ
 from sparkcep.errors import EngineError
 
 
@@ -33,7 +33,7 @@ class _Partition:
     base: int = 0  # position of the first retained row
     end: int = 0  # position after the last row produced
     starts: list[int] = field(default_factory=list)
-    batches: list[pa.RecordBatch] = field(default_factory=list)  # visible fields + SEQ
+    batches: list[pa.RecordBatch] = field(default_factory=list)  # visible fields + SEQ + ID
 
 
 class OutputLog:
@@ -55,7 +55,8 @@ class OutputLog:
         self._parts: dict[int, _Partition] = {}
         self._consumers: dict[str, dict[int, int]] = {}
         self._lock = threading.Lock()
-        self._stored = pa.schema(list(schema) + [pa.field(SEQ, pa.int64())])
+        self._with_seq = schema.names + [SEQ]
+        self._stored = pa.schema(list(schema) + [pa.field(SEQ, pa.int64()), pa.field(ID, pa.int64())])
 
     # --- producing -----------------------------------------------------------------
     def append(self, partition: int, batch: pa.RecordBatch) -> None:
@@ -76,12 +77,12 @@ class OutputLog:
             fn(visible)
 
     def _stored_batch(self, batch: pa.RecordBatch, visible: pa.RecordBatch) -> pa.RecordBatch:
-        """The visible fields plus the engine sequence numbers (-1 where there are none, e.g. metrics)."""
-        if SEQ in batch.schema.names:
-            seq = batch.column(SEQ)
-        else:
-            seq = pa.array(np.full(batch.num_rows, -1, np.int64))
-        return pa.RecordBatch.from_arrays(list(visible.columns) + [seq], schema=self._stored)
+        """The visible fields plus each row's output id: sequence number and id (-1 where there are
+        none, e.g. metrics)."""
+        cols, names = list(visible.columns), batch.schema.names
+        for c in (SEQ, ID):
+            cols.append(batch.column(c) if c in names else pa.array(np.full(batch.num_rows, -1, np.int64)))
+        return pa.RecordBatch.from_arrays(cols, schema=self._stored)
 
     # --- reading -------------------------------------------------------------------
     def table(self) -> pa.Table:
@@ -116,11 +117,14 @@ class OutputLog:
         with self._lock:
             return sum(part.end - part.base for part in self._parts.values())
 
-    def read(self, partition: int, start: int, end: int, seq: bool = False) -> list[pa.RecordBatch]:
+    def read(self, partition: int, start: int, end: int, seq: bool = False,
+             ids: bool = False) -> list[pa.RecordBatch]:
         """Rows at positions ``[start, end)`` of ``partition``, as zero-copy slices.
 
         With ``seq=True`` the batches carry the engine sequence number column
-        ``__seq`` after the visible fields. Raises EngineError ``OFFSET_RELEASED``
+        ``__seq`` after the visible fields; with ``ids=True`` the whole output
+        id, ``__seq`` then ``__id`` (:mod:`sparkcep.core.ids`), after them.
+        Raises EngineError ``OFFSET_RELEASED``
         when part of the range was already released by a commit, and
         ``OFFSET_RANGE`` when it reaches past what the partition produced.
         """
@@ -142,7 +146,9 @@ class OutputLog:
                 if hi > lo:
                     out.append(b if (lo, hi) == (0, b.num_rows) else b.slice(lo, hi - lo))
                 i += 1
-        return out if seq else [b.select(self.schema.names) for b in out]
+        if ids:
+            return out
+        return [b.select(self._with_seq if seq else self.schema.names) for b in out]
 
     # --- retention -----------------------------------------------------------------
     def release(self, partition: int, upto: int) -> None:

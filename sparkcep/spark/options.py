@@ -11,7 +11,8 @@
 ``startingOffsets``    ``earliest`` (default: every retained row), ``latest``, or JSON
                        ``{"partition": position}``; a checkpoint overrides it
 ``maxRecordsPerTrigger``  at most this many rows per micro-batch, spread over partitions
-``rowsPerPartition``   rows per Spark task when planning a range (default 1,000,000)
+``rowsPerPartition``   at most this many rows per Spark task (default 1,000,000); a range is
+                       split in equal parts
 ``includeMetadata``    ``true`` (default): add ``_partition``, ``_offset`` and ``_seq``
 ``consumer``           name under which reads are committed (default ``spark``); rows
                        are released once every consumer of an output passed them

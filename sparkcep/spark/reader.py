@@ -48,14 +48,14 @@ class LogRange(InputPartition):
 
 def plan_ranges(target: Target, stream: str, state: dict, start: dict[int, int], end: dict[int, int],
                 rows_per_task: int) -> list[LogRange]:
-    """The tasks reading from ``start`` to ``end``, each at most ``rows_per_task`` rows."""
+    """The tasks reading from ``start`` to ``end``: each partition's range in equal parts of at most ``rows_per_task``."""
     out = []
     for p in sorted(end):
         s, e = start.get(p, 0), end[p]
-        while s < e:
-            out.append(LogRange(target, stream, state["engine"], state["deployment"], p, s,
-                                min(s + rows_per_task, e)))
-            s = out[-1].end
+        parts = -(-(e - s) // rows_per_task)
+        bounds = [s + (e - s) * k // parts for k in range(parts + 1)] if parts > 0 else []
+        out += [LogRange(target, stream, state["engine"], state["deployment"], p, lo, hi)
+                for lo, hi in zip(bounds, bounds[1:])]
     return out
 
 

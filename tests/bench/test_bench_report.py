@@ -31,6 +31,7 @@ class PipelineRun:
     events: int = 2_000_000
     totals: Totals = field(default_factory=lambda: Totals(10))
     stages: dict = field(default_factory=dict)
+    cpu: dict = field(default_factory=lambda: {"spark": 20.0, "engine": 5.5})
 
     @property
     def rate(self):
@@ -62,7 +63,8 @@ def test_the_report_lists_every_workload_with_ratios_and_sample_counts(tmp_path)
     assert "| q7 | sparkcep | 50,000 | 1,234 | 1.00 | 2.00 | 3.00 | 4.00 | 5.00 | 6.00 |" in text
     assert "| q5 | spark | 120 | 1.00 |" in text and "| fixwindow | sparkcep | 250 |" in text
     assert "fixwindow 100 ms; q5 100 ms sliding by 20 ms" in text
-    assert "| routed | 2,000,000 | 4.00 | 500,000 | 2.50x | sink 2.00, end 0.50, source 1.50 | yes |" in text
+    assert ("| routed | 2,000,000 | 4.00 | 500,000 | 2.50x | sink 2.00, end 0.50, source 1.50 | spark 20.0, "
+            "engine 5.5 | yes |") in text
     report.write(path, results, args, None)
     assert "no `sparkcep.bench.pipeline` yet" in path.read_text()
 

@@ -32,7 +32,8 @@ def stamp_batches(sends, time_fields, schemas):
         rows = st[stream][i[stream]:i[stream] + len(rows)]
         i[stream] += len(rows)
         t = table(rows, schemas[stream])
-        hidden = [pa.array([r[SEQ] for r in rows], pa.int64()), pa.array([r[TS] for r in rows], pa.int64()),
+        hidden = [pa.array([r[SEQ] for r in rows], pa.int64()), pa.array([0] * len(rows), pa.int64()),
+                  pa.array([r[TS] for r in rows], pa.int64()),
                   pa.array([WM_NONE if r[WM] is None else r[WM] for r in rows], pa.int64())]
         for name, arr in zip(columns.HIDDEN, hidden):
             t = t.append_column(name, arr)

@@ -139,8 +139,9 @@ def stamped_batches(sends):
         part = st[i:i + len(rows)]
         i += len(rows)
         t = table(part, EVENTS)
-        for name, key in zip(columns.HIDDEN, (SEQ, TS, WM)):
-            t = t.append_column(name, pa.array([WM_NONE if r[key] is None else r[key] for r in part], pa.int64()))
+        for name, key in zip(columns.HIDDEN, (SEQ, None, TS, WM)):  # a source row's id is 0
+            t = t.append_column(name, pa.array([0 if key is None else WM_NONE if r[key] is None else r[key]
+                                                for r in part], pa.int64()))
         out.append(t.combine_chunks().to_batches()[0])
     return out
 

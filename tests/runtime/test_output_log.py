@@ -67,3 +67,17 @@ def test_commit_releases_what_every_consumer_passed(log):
     assert log.earliest() == {0: 8, 1: 0}  # b has not committed partition 1
     log.commit({0: 3}, consumer="a")  # positions never move back
     assert log.earliest()[0] == 8
+
+
+def test_reads_with_output_ids_and_seq_only_as_before():
+    log = OutputLog(SCHEMA)
+    v = np.arange(3, dtype=np.int64)
+    log.append(0, pa.RecordBatch.from_arrays([pa.array(v), pa.array(v + 10), pa.array(-v), pa.array(v)],
+                                             names=["v", "__seq", "__id", "__ts"]))
+    log.append(0, pa.RecordBatch.from_arrays([pa.array(v)], names=["v"]))  # no hidden columns (metrics)
+    (a, b) = log.read(0, 1, 5, ids=True)
+    assert a.schema.names == ["v", "__seq", "__id"] and a.to_pydict() == {"v": [1, 2], "__seq": [11, 12],
+                                                                            "__id": [-1, -2]}
+    assert b.to_pydict() == {"v": [0, 1], "__seq": [-1, -1], "__id": [-1, -1]}
+    assert [x.schema.names for x in log.read(0, 1, 5, seq=True)] == [["v", "__seq"]] * 2
+    assert log.table().schema == SCHEMA
