@@ -3,7 +3,8 @@
 Spark plugins are fixed when a SparkContext starts, and one Python process
 holds one SparkContext (the session-wide ``local[2]`` one of conftest), so
 the plugin tests run their SparkSession in a child: it prints ``UP`` once
-its executors are registered, then runs one JSON command per input line
+its executors are registered (with the application id and the
+executors' work directory), then runs one JSON command per input line
 (``OK {result}`` or ``ERR {message}``), and ``DOWN`` after ``spark.stop()``
 when its input closes. The child is the leader of its own process group, so
 a step that overruns can take down every JVM and process it started.
@@ -20,7 +21,7 @@ import sys
 import time
 
 SCRIPT = r"""
-import json, sys, time
+import json, os, sys, time
 from pyspark.sql import SparkSession
 import sparkcep.spark
 
@@ -51,7 +52,11 @@ def read(engine, stream, columns, path):
     return {"rows": spark.read.parquet(path).count()}
 
 
-print("UP", flush=True)
+# local-cluster executors work in $SPARK_HOME/work/APP: neither spark.worker.dir nor SPARK_WORKER_DIR
+# reaches the workers of a local cluster (it passes them no work directory)
+from pyspark.find_spark_home import _find_spark_home
+app = spark.sparkContext.applicationId
+print("UP " + json.dumps({"app": app, "work": os.path.join(_find_spark_home(), "work", app)}), flush=True)
 for line in sys.stdin:
     command = json.loads(line)
     try:
@@ -74,7 +79,11 @@ class DriverProcess:
         self.proc = subprocess.Popen([sys.executable, "-c", SCRIPT, json.dumps(args)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, cwd=cwd, env=env, start_new_session=True)
         self._buffer = b""
-        self.expect("UP", timeout)
+        try:
+            self.info = json.loads(self.expect("UP ", timeout)[3:])  # {"app": Spark's id, "work": executors' dirs}
+        except BaseException:
+            self.kill()
+            raise
 
     def run(self, op: str, timeout: float, **args) -> dict:
         """Run command ``op`` in the driver; its result (AssertionError with the driver's error)."""
@@ -120,3 +129,24 @@ class DriverProcess:
                     raise AssertionError(f"the Spark driver exited (code {self.proc.wait(30)}) before "
                                          f"saying {prefix!r}")
                 self._buffer += chunk
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie has exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def parent(pid: int) -> int:
+    """The parent process of ``pid``."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().split(") ")[1].split()[1])
+
+
+def cmdline(pid: int) -> list[str]:
+    """The command line of process ``pid``."""
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().decode(errors="replace").split("\0")

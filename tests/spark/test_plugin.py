@@ -14,23 +14,10 @@ import subprocess
 import sys
 
 import pyarrow as pa
-from driver_process import DriverProcess
+from driver_process import DriverProcess, alive, parent
 from spark_harness import connections, wait_for
 
 import sparkcep as cep
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[1][0] != "Z"  # a zombie has exited
-    except FileNotFoundError:
-        return False
-
-
-def _parent(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().split(") ")[1].split()[1])
 
 
 def _registered(engine, n: int) -> list[dict]:
@@ -71,8 +58,8 @@ def test_executor_instance_managers_serve_each_engine_and_stop_with_the_session(
             for k, im in enumerate(ims):
                 assert im["host"] == "127.0.0.1" and im["address"].startswith("127.0.0.1:")  # loopback by default
                 assert os.sched_getaffinity(im["pid"]) == {cpus[k % len(cpus)]} == {im["cpu"]}  # pinned
-            launcher = _parent(ims[0]["pid"])
-            assert _parent(ims[1]["pid"]) == launcher
+            launcher = parent(ims[0]["pid"])
+            assert parent(ims[1]["pid"]) == launcher
             status = subprocess.run([sys.executable, "-m", "sparkcep", "status", "--engine", first.endpoint.address],
                                     capture_output=True, text=True, timeout=60)
             assert status.returncode == 0, status.stderr
@@ -86,17 +73,17 @@ def test_executor_instance_managers_serve_each_engine_and_stop_with_the_session(
         with cep.Engine() as alone:  # workers=0, and not published: the launcher never sees it
             alone.deploy(_query(), parallelism=2)
             assert got.equals(_run(alone, data))
-        wait_for(lambda: not any(_alive(im["pid"]) for im in ims), 30, "the first engine's instance managers to exit")
+        wait_for(lambda: not any(alive(im["pid"]) for im in ims), 30, "the first engine's instance managers to exit")
 
         with cep.Engine.local() as second:  # the launcher serves the next engine with new instance managers
             again = _registered(second, 2)
             assert {im["pid"] for im in again}.isdisjoint(im["pid"] for im in ims)
-            assert _parent(again[0]["pid"]) == launcher
+            assert parent(again[0]["pid"]) == launcher
             driver.stop(60)
             # stopped with the executor: processes gone, and the engine sees them gone
             wait_for(lambda: not any(i["alive"] for i in second.instance_managers()), 30,
                      "the engine to see the instance managers gone")
-            wait_for(lambda: not any(_alive(p) for p in [launcher] + [im["pid"] for im in again]), 30,
+            wait_for(lambda: not any(alive(p) for p in [launcher] + [im["pid"] for im in again]), 30,
                      "the launcher and its instance managers to exit")
     finally:
         driver.kill()
