@@ -26,9 +26,10 @@ What it does, each step logged on its stderr (the executor's stderr):
    standard input closes (the plugin's shutdown, or the executor JVM dying)
    or on SIGTERM. Workers get SIGTERM if the launcher dies (``PR_SET_PDEATHSIG``).
 
-Failures to find, reach or register with an engine are logged (once per
-distinct reason while waiting) and retried; none ends the launcher, so a
-misconfiguration never costs the executor its life.
+A bad option is logged and the launcher exits at once (``LISTEN``,
+``OPTION``). Failures to find, reach or register with an engine are logged
+(once per distinct reason while waiting) and retried. Neither touches the
+executor: a misconfiguration never costs it its life.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from pathlib import Path
 
 from sparkcep import auth
 from sparkcep.control.client import EngineClient, resolve
-from sparkcep.errors import SparkcepError
+from sparkcep.errors import EngineError, SparkcepError
 from sparkcep.runtime.cluster import START_TIMEOUT_S, ready_line, start_worker
 
 log = logging.getLogger("sparkcep.spark.executor")
@@ -88,31 +89,40 @@ def find_engine(engine: str | None, token_file: str | None, token: str | None = 
 
 
 def listen_address(listen: str | None, index: int) -> str:
-    """Where worker ``index`` listens: loopback, this host's address (``host``) or ``HOST[:PORT]``."""
+    """Where worker ``index`` listens: loopback, this host's address (``host``) or ``HOST[:PORT]``.
+
+    EngineError ``LISTEN`` when ``listen`` is none of these, or this host has no address.
+    """
     if not listen or listen == "loopback":
         return "127.0.0.1:0"
     if listen == "host":
-        return f"{_host_ip()}:0"
-    host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit():
-        return f"{listen}:0"
+        try:
+            return f"{os.environ.get('SPARK_LOCAL_IP') or socket.gethostbyname(socket.gethostname())}:0"
+        except OSError as e:
+            raise EngineError(f"listen=host: this host's name {socket.gethostname()!r} has no address ({e}); "
+                              "set SPARK_LOCAL_IP or spark.sparkcep.listen=HOST", "LISTEN") from None
+    host, sep, port = listen.rpartition(":") if ":" in listen else (listen, ":", "0")
+    if not host or not port.isdigit():
+        raise EngineError(f"listen {listen!r}: expected loopback, host or HOST[:PORT]", "LISTEN")
     return f"{host}:{int(port) + index if int(port) else 0}"
 
 
-def _host_ip() -> str:
-    return os.environ.get("SPARK_LOCAL_IP") or socket.gethostbyname(socket.gethostname())
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, ValueError):
+        return False
 
 
 def on_this_host(host: str) -> bool:
     """Whether ``host`` is an address of this machine (loopback, or one a socket can bind here)."""
-    try:
-        ip = socket.gethostbyname(host)
-        if ipaddress.ip_address(ip).is_loopback:
-            return True
-        with socket.socket() as s:
-            s.bind((ip, 0))
+    if is_loopback(host):
         return True
-    except (OSError, ValueError):
+    try:
+        with socket.socket() as s:
+            s.bind((socket.gethostbyname(host), 0))
+        return True
+    except OSError:
         return False
 
 
@@ -137,10 +147,16 @@ class Launcher:
         """Serve engines until stopped (main thread: the workers' PR_SET_PDEATHSIG follows it)."""
         try:
             while not self.stopping.is_set():
-                if self.target is None:
-                    self._serve_next()
-                else:
-                    self._watch()
+                try:
+                    if self.target is None:
+                        self._serve_next()
+                    else:
+                        self._watch()
+                except Exception as e:  # unforeseen (an OS error, a bug): logged, and the next turn starts over
+                    log.exception("unexpected failure")
+                    self._stop_workers()
+                    self.target = None
+                    self._failed(f"after {type(e).__name__}: {e}")
                 self.stopping.wait(POLL_S)
         finally:
             self._stop_workers()
@@ -156,14 +172,15 @@ class Launcher:
             self._say(f"waiting for an engine: {e} [{e.code}]")
             return
         host = target.address.rpartition(":")[0]
-        if self.listen in (None, "", "loopback") and not on_this_host(host):
+        if is_loopback(listen_address(self.listen, 0).rpartition(":")[0]) and not on_this_host(host):
             self._say(f"the engine at {target.address} is on another host, but this executor's instance managers "
                       "would listen on loopback, which it cannot reach: set spark.sparkcep.listen=host (or an "
                       "address of this host the engine can reach) [LISTEN]", logging.ERROR)
             return
         auth.write(self.token_path, target.token)
         try:
-            self.workers = [self._start(i) for i in range(self.count)]
+            for i in range(self.count):
+                self.workers.append(self._start(i))
             self._wait_ready(self.workers)
             self._register(target, self.workers)
         except SparkcepError as e:
@@ -193,13 +210,14 @@ class Launcher:
     def _restart(self, k: int, old: Worker) -> None:
         log.warning("instance manager %s (pid %d) exited with code %s while the engine at %s runs; starting it "
                     "again", old.name, old.process.pid, old.process.returncode, self.target.address)
-        _close(old)
+        _stop([old])
+        self.workers[k] = w = self._start(k)
         try:
-            self.workers[k] = w = self._start(k)
             self._wait_ready([w])
             self._register(self.target, [w])
             self.pause = POLL_S
         except SparkcepError as e:
+            _stop([w])  # not serving: started again after the pause
             self._failed(f"instance manager {old.name}: {e} [{e.code}]")
 
     def _register(self, target: Target, workers: list[Worker]) -> None:
@@ -222,17 +240,7 @@ class Launcher:
                                    deadline)["address"]
 
     def _stop_workers(self) -> None:
-        for w in self.workers:
-            if w.process.poll() is None:
-                w.process.terminate()
-        deadline = time.monotonic() + 5
-        for w in self.workers:
-            try:
-                w.process.wait(max(deadline - time.monotonic(), 0.01))
-            except subprocess.TimeoutExpired:
-                w.process.kill()
-                w.process.wait()
-            _close(w)
+        _stop(self.workers)
         self.workers = []
 
     # --- logging -----------------------------------------------------------------------
@@ -248,9 +256,20 @@ class Launcher:
         self.pause = min(self.pause * 2, MAX_PAUSE_S)
 
 
-def _close(w: Worker) -> None:
-    if w.process.stdout is not None:
-        w.process.stdout.close()
+def _stop(workers: list[Worker]) -> None:
+    """SIGTERM, then SIGKILL for those still running after 5 s."""
+    for w in workers:
+        if w.process.poll() is None:
+            w.process.terminate()
+    deadline = time.monotonic() + 5
+    for w in workers:
+        try:
+            w.process.wait(max(deadline - time.monotonic(), 0.01))
+        except subprocess.TimeoutExpired:
+            w.process.kill()
+            w.process.wait()
+        if w.process.stdout is not None:
+            w.process.stdout.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -266,8 +285,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, datefmt="%y/%m/%d %H:%M:%S",
                         format=f"%(asctime)s %(levelname)s sparkcep executor {args.executor_id} launcher "
                                f"(pid {os.getpid()}): %(message)s")
-    if args.instance_managers is not None and args.instance_managers < 1:
-        log.error("--instance-managers %d: expected at least 1; starting none", args.instance_managers)
+    try:
+        if args.instance_managers is not None and args.instance_managers < 1:
+            raise EngineError(f"--instance-managers {args.instance_managers}: expected at least 1", "OPTION")
+        listen_address(args.listen, 0)
+    except EngineError as e:
+        log.error("%s [%s]; this executor runs no instance managers", e, e.code)
         return 2
     launcher = Launcher(args.executor_id, args.instance_managers, args.engine, args.token_file, args.listen)
     signal.signal(signal.SIGTERM, lambda *_: launcher.stopping.set())
