@@ -14,7 +14,7 @@ import sys
 COMMANDS = {
     "worker": ("sparkcep.runtime.instance_manager", "run an instance manager: a service engines deploy instances to"),
     "status": ("sparkcep.control.status", "show a running local engine: queries, instance managers, metrics"),
-    "bench": ("sparkcep.bench.cli", "run a HiBench streaming workload, optionally beside Spark"),
+    "bench": ("sparkcep.bench.cli", "run a HiBench or NEXMark workload, optionally beside Spark"),
 }
 
 

@@ -130,6 +130,10 @@ class Aggregate(Operator):
         fields = {} if isinstance(window, Running) else \
             {"window_start": "int64" if isinstance(window, TupleWindow) else "timestamp",
              "window_end": "int64" if isinstance(window, TupleWindow) else "timestamp"}
+        for f in by:
+            if f in fields:
+                raise QueryError(f"aggregate() by={f!r} clashes with the window's own field {f!r}; "
+                                 f"rename it first, e.g. .map({{'{f}_in': {f!r}, ...}})")
         fields.update({f: source.schema.fields[f] for f in by})
         for out, fn in funcs.items():
             if not isinstance(fn, AggFunc):
@@ -194,6 +198,11 @@ class Join(Operator):
                 raise SchemaError(f"join key {lk!r} ({lt}) and {rk!r} ({rt}) have different types")
         shared = {lk for lk, rk in pairs if lk == rk}
         fields, self.left_names, self.right_names = {"window_start": "timestamp", "window_end": "timestamp"}, {}, {}
+        for side in (left, right):
+            clash = [n for n in side.schema.fields if n in fields]
+            if clash:
+                raise QueryError(f"join(): field {clash[0]!r} of {side.name!r} clashes with the join's own "
+                                 f"{clash[0]!r}; rename it first, e.g. .map({{'{clash[0]}_in': {clash[0]!r}, ...}})")
         for n, t in left.schema.fields.items():
             out = n if n in shared or n not in right.schema.fields else f"{n}_left"
             self.left_names[n] = out

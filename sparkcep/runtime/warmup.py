@@ -25,6 +25,7 @@ def warm_up() -> None:
         from sparkcep.query import aggregates as fn
         from sparkcep.query.expressions import col
         from sparkcep.query.query import Query
+        from sparkcep.query.running import Running
         from sparkcep.query.windows import TimeWindow, TupleWindow
         from sparkcep.runtime.deployment import Deployment
 
@@ -40,6 +41,9 @@ def warm_up() -> None:
         q.output("__warm_c", s.aggregate(TupleWindow(2), n=fn.count()))
         q.output("__warm_d", s.map(k="k", ts="ts", w=col("v") * 2).join(r, TimeWindow("10s"), on="k"))
         q.output("__warm_e", s.join(r, TimeWindow("10s"), where=col("v_left") < col("v_right")))
+        q.output("__warm_f", f.union(s.filter(col("v") < 2)).aggregate(Running(), by=["k"], **funcs))
+        q.output("__warm_g", s.map(k=col("k").split_part(",", 1), ts="ts").aggregate(Running(), by="k",
+                                                                                     n=fn.count()))
         t0 = dt.datetime(2024, 1, 1)
         rows = {"k": ["a", None, "b", "a"], "g": [1, 2, None, 1], "v": [1, None, 3, 4], "x": [0.5, 1.0, None, 2.0],
                 "ts": [t0 + dt.timedelta(seconds=i) for i in range(4)]}

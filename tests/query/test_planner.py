@@ -149,3 +149,13 @@ def test_a_source_published_as_an_output_passes_through_one_operator():
     (ops, inputs), = shape(q)
     assert len(ops) == 1 and inputs == [("a", 0, "round-robin", [])]
     assert q.outputs["copy"].schema == a.schema
+
+
+def test_a_field_named_like_the_window_columns_is_refused_not_overwritten():
+    q = cep.Query("clash")
+    a = q.stream("a", "k string, ts timestamp, window_start timestamp")
+    b = q.stream("b", "k string, ts timestamp, v int64")
+    with pytest.raises(cep.QueryError, match="window_start"):
+        a.join(b, cep.TimeWindow("10s"), on="k")
+    with pytest.raises(cep.QueryError, match="window_start"):
+        a.aggregate(cep.TimeWindow("10s"), by=["window_start"], n=cep.count())
