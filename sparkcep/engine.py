@@ -65,7 +65,7 @@ class Engine:
 
     @classmethod
     def local(cls, workers: int = 0, instance_managers=(), token: str | None = None, topology=None,
-              ring_bytes: int | None = None) -> "Engine":
+              ring_bytes: int | None = None, listen: str = "127.0.0.1:0") -> "Engine":
         """An engine on this machine.
 
         ``workers=0`` runs every instance in this process; ``workers=N`` starts
@@ -75,13 +75,15 @@ class Engine:
         already serving (``sparkcep worker``), which must hold ``token`` (by
         default a fresh one is generated). Queries are deployed on the
         instance managers when there are any. ``ring_bytes``: capacity of each
-        shared-memory channel (default 16 MiB).
+        shared-memory channel (default 16 MiB). ``listen``: where the engine
+        serves Spark's processes and the CLI (loopback by default; an address
+        other hosts reach is opt-in, e.g. for executors on other machines).
         """
         engine = cls(workers, instance_managers, token=token, topology=topology, ring_bytes=ring_bytes)
         # other local processes (Spark's Python workers, the CLI) reach it over loopback
         from sparkcep.control.endpoint import start_endpoint
         try:
-            engine.endpoint = start_endpoint(engine)
+            engine.endpoint = start_endpoint(engine, listen)
         except BaseException:
             engine.close()
             raise
@@ -100,7 +102,14 @@ class Engine:
         (the Spark executor launcher registers its instance managers so)."""
         with self._lock:
             self._check_open()
-            im = self._cluster().adopt(address)
+            fresh = self.cluster is None
+            try:
+                im = self._cluster().adopt(address)
+            except BaseException:
+                if fresh:  # no instance manager after all: queries keep running in this process
+                    self.cluster.close()
+                    self.cluster = None
+                raise
         return next(d for d in self.cluster.describe() if d["name"] == im.name)
 
     def instance_managers(self) -> list[dict]:
@@ -148,7 +157,7 @@ class Engine:
                 raise QueryError(f"stream {name!r} is an output of another query")
         with self._lock:
             dep_id = f"{query.name}#{next(self._deployment_ids)}"
-            if self.cluster is None:
+            if self.cluster is None or self.cluster.in_process():
                 dep = Deployment(dep_id, query, parallelism, bins, retain)
             else:
                 from sparkcep.runtime.remote import RemoteDeployment
@@ -280,7 +289,7 @@ class Engine:
         counters: dict = {}
         queries, late, late_streams = {}, {}, {}
         for q, dep in deps.items():
-            if self.cluster is None:
+            if dep.runners:  # its instances run in this process
                 inst = dep.instance_metrics()
             else:
                 inst = {ep: m for s in snaps.values() for ep, m in s["deployments"].get(dep.id, {}).items()}

@@ -359,9 +359,13 @@ class Endpoint:
             schema=METRICS_SCHEMA))
 
 
-def start_endpoint(engine, publish: bool = True) -> Endpoint:
-    """Serve ``engine`` on 127.0.0.1 at an ephemeral port (what :meth:`sparkcep.Engine.local` calls)."""
-    return Endpoint(engine, publish=publish)
+def start_endpoint(engine, listen: str = "127.0.0.1:0", publish: bool = True) -> Endpoint:
+    """Serve ``engine`` on ``listen`` (``host:port``; port 0: any free one), what :meth:`sparkcep.Engine.local`
+    calls. Loopback unless the caller opts for an address other hosts reach."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise EngineError(f"listen={listen!r}: expected host:port, e.g. '127.0.0.1:0'", "OPTION")
+    return Endpoint(engine, host, int(port), publish=publish)
 
 
 def _reply_error(conn: socket.socket, e: SparkcepError) -> None:

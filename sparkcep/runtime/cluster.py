@@ -14,6 +14,7 @@ instances; nothing waits forever.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import select
 import shutil
@@ -36,6 +37,8 @@ from sparkcep.runtime.channels import DEFAULT_CAPACITY, Doorbell, RingConsumer, 
 from sparkcep.runtime.placement import Slot, im_slots
 from sparkcep.runtime.topology import Topology
 from sparkcep.runtime.wiring import host_key
+
+log = logging.getLogger("sparkcep")
 
 START_TIMEOUT_S = 120.0
 REPLY_TIMEOUT_S = 30.0
@@ -82,6 +85,7 @@ class Cluster:
         self.send_bell = Doorbell.create(os.path.join(self.dir, "engine-send"))
         self.sink_bell = Doorbell.create(os.path.join(self.dir, "engine-sink"))
         self.ims: list[InstanceManagerLink] = []
+        self.asked = False  # the user asked for instance managers (workers=N, given addresses)
         self.deployments: dict = {}  # id -> RemoteDeployment (sparkcep.runtime.remote)
         self.lock = threading.RLock()
         self.progress = threading.Condition(self.lock)  # notified when outputs arrive or an IM dies
@@ -95,6 +99,7 @@ class Cluster:
     # --- instance managers -------------------------------------------------------------
     def spawn(self, n: int) -> None:
         """Start ``n`` instance managers on this machine's cores, nearest NUMA nodes first."""
+        self.asked = True
         slots = [Slot(len(self.ims) + s.index, s.cpu, s.node) for s in im_slots(self.machine, n)]
         procs = [(slot, start_worker(f"im-{slot.index}", slot.cpu, f"{ENGINE_HOST}:0", self.token_file))
                  for slot in slots]
@@ -110,8 +115,20 @@ class Cluster:
             raise
 
     def adopt_all(self, addresses) -> None:
+        """Use the instance managers serving at ``addresses``, as the user asked (see :meth:`in_process`)."""
         for address in addresses:
             self.adopt(address)
+        self.asked = self.asked or bool(addresses)
+
+    def in_process(self) -> bool:
+        """Should a new deployment run in the engine process? Only when no instance manager lives and
+        none was asked for (the engine's own ``workers``, given addresses): those registered by Spark
+        executors come and go with the session, and the engine runs queries itself meanwhile."""
+        if any(im.dead is None for im in self.ims):
+            return False
+        if not self.asked:
+            log.warning("no live instance manager: query deployed in the engine process")
+        return not self.asked
 
     def adopt(self, address: str) -> InstanceManagerLink:
         """Use the instance manager serving at ``address`` (``host:port``), as a running engine may."""
@@ -134,6 +151,10 @@ class Cluster:
                               "(was it started with this engine's token?)", "UNAUTHENTICATED")
         sock.settimeout(None)
         info = cmd.IMInfo(**answer["info"])
+        if any(im.name == info.name and im.dead is None for im in self.ims):
+            sock.close()
+            raise EngineError(f"an instance manager named {info.name!r} is already in use by this engine; "
+                              f"start the one at {address} with another --name", "WORKER_NAME")
         index = len(self.ims)
         if slot is None:
             slot = Slot(index, info.cpus[0], info.node or 0)
@@ -446,7 +467,7 @@ def ready_line(proc: subprocess.Popen, what: str, deadline: float) -> dict:
         left = deadline - time.monotonic()
         if left <= 0:
             proc.kill()
-            raise EngineError(f"{what} did not start within {START_TIMEOUT_S:.0f} s", "WORKER_START")
+            raise EngineError(f"{what} did not start in time", "WORKER_START")
         ready, _, _ = select.select([out], [], [], min(left, 0.5))
         if ready:
             chunk = os.read(out.fileno(), 4096)

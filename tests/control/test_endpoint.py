@@ -149,13 +149,21 @@ def test_metrics_and_instance_managers(served):
     e, c = served
     c.send("connections", _rows(3))
     assert c.metrics()["sequence"] == 3
-    c.register_im({"id": "x-0", "pid": 123, "cpu": 0})
-    assert [i["id"] for i in c.instance_managers()] == ["x-0"]
-    c.deregister_im("x-0")
-    assert c.instance_managers() == []
     latest = c.offsets("$metrics")["latest"]
     samples = c.read("$metrics", 0, 0, latest[0]).to_pydict()
     assert dict(zip(samples["name"], samples["value"]))["sequence"] == 3.0
+    with pytest.raises(InputError) as err:
+        c.register_im({"id": "x-0", "pid": 123, "cpu": 0})  # an address, not a description
+    assert err.value.code == "IM_INFO"
+    with pytest.raises(EngineError) as err:
+        c.register_im("127.0.0.1:1")  # nothing serves there
+    assert err.value.code == "WORKER_START"
+    assert c.instance_managers() == []
+    q = cep.Query("after")  # deployed in this process still: a failed registration leaves no trace
+    q.output("copy", q.stream("connections", "ip string, ts timestamp, bytes int64").map(ip="ip"))
+    e.deploy(q)
+    c.send("connections", _rows(2, start=3))
+    assert e.collect("copy").num_rows == 2
 
 
 def test_engine_option_forms(home):

@@ -127,3 +127,15 @@ def test_a_connection_without_the_token_is_refused(two_hosts, token_file):
     assert e.value.code == "UNAUTHENTICATED"
     with cep.Engine(instance_managers=two_hosts[:1], token=auth.read(token_file)) as engine:
         assert engine.metrics()["instance_managers"][0]["refused_connections"] >= 4
+
+
+def test_two_live_instance_managers_of_one_name_are_refused(token_file):
+    started = [start_worker("127.0.0.2", "twin", token_file, 0), start_worker("127.0.0.3", "twin", token_file, 0)]
+    try:
+        with pytest.raises(cep.EngineError) as e:
+            cep.Engine(instance_managers=[a for _, a in started], token=auth.read(token_file))
+        assert e.value.code == "WORKER_NAME" and "'twin'" in str(e.value)
+    finally:
+        for p, _ in started:
+            p.terminate()
+            p.wait(10)
