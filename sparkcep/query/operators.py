@@ -198,19 +198,15 @@ class Join(Operator):
                 raise SchemaError(f"join key {lk!r} ({lt}) and {rk!r} ({rt}) have different types")
         shared = {lk for lk, rk in pairs if lk == rk}
         fields, self.left_names, self.right_names = {"window_start": "timestamp", "window_end": "timestamp"}, {}, {}
-        for side in (left, right):
-            clash = [n for n in side.schema.fields if n in fields]
-            if clash:
-                raise QueryError(f"join(): field {clash[0]!r} of {side.name!r} clashes with the join's own "
-                                 f"{clash[0]!r}; rename it first, e.g. .map({{'{clash[0]}_in': {clash[0]!r}, ...}})")
         for n, t in left.schema.fields.items():
-            out = n if n in shared or n not in right.schema.fields else f"{n}_left"
+            clash = n in fields or (n in right.schema.fields and n not in shared)
+            out = f"{n}_left" if clash else n
             self.left_names[n] = out
             fields[out] = t
         for n, t in right.schema.fields.items():
             if n in shared:
                 continue
-            out = n if n not in left.schema.fields else f"{n}_right"
+            out = f"{n}_right" if n in left.schema.fields or n in ("window_start", "window_end") else n
             self.right_names[n] = out
             fields[out] = t
         schema = Schema(fields)
