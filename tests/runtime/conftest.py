@@ -14,15 +14,26 @@ def own_home(tmp_path_factory, monkeypatch):
     return home
 
 
+_engines: dict[int, cep.Engine] = {}
+
+
 @pytest.fixture(scope="session")
 def worker_engines():
-    """``get(n)``: a session-wide engine with ``n`` instance managers."""
-    engines: dict[int, cep.Engine] = {}
-
+    """``get(n)``: an engine with ``n`` instance managers, shared until the last runtime test."""
     def get(n: int) -> cep.Engine:
-        if n not in engines:
-            engines[n] = cep.Engine.local(workers=n)
-        return engines[n]
+        if n not in _engines:
+            _engines[n] = cep.Engine.local(workers=n)
+        return _engines[n]
     yield get
-    for e in engines.values():
-        e.close()
+    _close_engines()
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """Their instance managers stop with the runtime tests, not at the end of the whole run."""
+    if nextitem is None or nextitem.path.parent != item.path.parent:
+        _close_engines()
+
+
+def _close_engines() -> None:
+    while _engines:
+        _engines.popitem()[1].close()

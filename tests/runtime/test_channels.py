@@ -22,7 +22,7 @@ import pytest
 
 from sparkcep import auth
 from sparkcep.errors import EngineError
-from sparkcep.runtime.channels import (ChannelClosed, Configure, Data, Gate, LocalChannel, Progress, RingConsumer,
+from sparkcep.runtime.channels import (ChannelClosed, Configure, Data, Doorbell, Gate, LocalChannel, Progress, RingConsumer,
                                        RingProducer, TcpConsumer, TcpProducer, consumer, create_ring, hello, producer,
                                        tcp)
 
@@ -65,6 +65,19 @@ def drain(reader):
             m = Data(m.port, m.epoch, m.frontier, m.arrival, pa.Table.from_batches([owned]))
         out.append(m)
     return out
+
+
+def test_a_doorbell_sleeps_after_its_last_ringer_left(tmp_path):
+    """A FIFO whose writers have all closed reads as ended: a sleeping owner must not wake at once, forever."""
+    bell = Doorbell.create(str(tmp_path / "bell"))
+    ringer = Doorbell(bell.path)
+    ringer.ring()
+    assert bell.wait(1.0) == [bell.fileno()]
+    ringer.close()
+    t = time.monotonic()
+    assert bell.wait(0.2) == []
+    assert time.monotonic() - t >= 0.15
+    bell.close(unlink=True)
 
 
 @pytest.mark.parametrize("copy", [True, False])

@@ -46,7 +46,9 @@ PEER_CHECK_S = 0.2  # an idle consumer looks at most this often whether its prod
 class Doorbell:
     """Wakes one sleeping thread of one process: a named FIFO it waits on with ``select``.
 
-    The owner creates it (:meth:`create`) and reads it; any process may ring
+    The owner creates it (:meth:`create`) and reads it, holding a write end
+    too so that the FIFO never reads as ended when the last ringer closes
+    (``select`` would then return at once, forever); any process may ring
     it by path. Ringing is one non-blocking 1-byte write; a full FIFO or a
     gone owner is ignored (the owner is already awake, or dead).
     """
@@ -60,6 +62,7 @@ class Doorbell:
         os.mkfifo(path, 0o600)
         bell = cls(path)
         bell.fileno()
+        bell._wfd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)  # a writer always open: no end-of-file once ringers go
         return bell
 
     def fileno(self) -> int:
