@@ -24,16 +24,12 @@ from __future__ import annotations
 
 import csv
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
 
 from sparkcep.bench import suite
 
-DEFAULT_EVENTS = 2_000_000
-LATENCY_RATE = 50_000
-LATENCY_SECONDS = 25
 GROUPS = {"all": suite.ALL, "hibench": suite.HIBENCH, "nexmark": suite.NEXMARK}
 
 
@@ -41,7 +37,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("workload", choices=list(suite.ALL) + list(GROUPS))
     parser.add_argument("--rate", type=float, default=None, help="events/s, open loop (default: as fast as possible)")
     parser.add_argument("--events", type=int, default=None,
-                        help=f"events to send (default {DEFAULT_EVENTS:,}; with --rate, {LATENCY_SECONDS} s worth)")
+                        help=f"events to send (default {suite.DEFAULT_EVENTS:,}; with --rate, {suite.LATENCY_SECONDS} s worth)")
     parser.add_argument("--workers", type=int, default=0, help="instance manager processes (0: in this process)")
     parser.add_argument("--instances", type=int, default=2, help="instances of repartition's map (HiBench: cores)")
     parser.add_argument("--ips", type=int, default=100_000, help="HiBench: distinct source IPs")
@@ -49,8 +45,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--compare", choices=["spark"], default=None, help="also run Spark Structured Streaming")
     parser.add_argument("--out", type=Path, default=None, help="directory for results.csv/json and PNG plots")
     parser.add_argument("--report", type=Path, default=None, help="write the markdown benchmark report to this file")
-    parser.add_argument("--latency-rate", type=float, default=LATENCY_RATE,
-                        help=f"with --report: the offered rate of the latency runs (default {LATENCY_RATE:,})")
+    parser.add_argument("--latency-rate", type=float, default=suite.LATENCY_RATE,
+                        help=f"with --report: the offered rate of the latency runs (default {suite.LATENCY_RATE:,})")
     parser.add_argument("--repeat", type=int, default=3,
                         help="with --report: throughput runs per workload and engine (the median is reported)")
 
@@ -61,10 +57,10 @@ def plans(args) -> list[tuple[str, float | None, int, bool]]:
     out = []
     for w in names:
         if args.report is not None:
-            out += [(w, None, args.events or DEFAULT_EVENTS, False)] * max(1, args.repeat)
-            out.append((w, args.latency_rate, int(args.latency_rate * LATENCY_SECONDS), True))
+            out += [(w, None, args.events or suite.DEFAULT_EVENTS, False)] * max(1, args.repeat)
+            out.append((w, args.latency_rate, int(args.latency_rate * suite.LATENCY_SECONDS), True))
         else:
-            events = args.events or (int(args.rate * LATENCY_SECONDS) if args.rate else DEFAULT_EVENTS)
+            events = args.events or (int(args.rate * suite.LATENCY_SECONDS) if args.rate else suite.DEFAULT_EVENTS)
             out.append((w, args.rate, events, bool(args.rate)))
     return out
 
@@ -230,13 +226,6 @@ def _print_table(results: list[dict]) -> None:
                   *(f"{lat[k]:.2f}" for k in ("p50", "p99", "max")),
                   *((f"{r['closes']:,}", f"{cl['p50']:.2f}", f"{cl['p99']:.2f}") if cl else ("-", "-", "-")))
     Console(width=160).print(t)
-
-
-def median_throughput(results: list[dict], engine: str, workload: str) -> tuple[float, list[float]] | None:
-    """(median, every figure) of the throughput runs of ``workload`` on ``engine``, or None."""
-    runs = [r["throughput"] for r in results
-            if r["engine"] == engine and r["workload"] == workload and not r["latency_run"]]
-    return (statistics.median(runs), runs) if runs else None
 
 
 FIELDS = ["engine", "workload", "offered_rate", "events", "output_rows", "seconds", "throughput",

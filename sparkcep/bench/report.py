@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 from sparkcep.bench import suite, workloads
-from sparkcep.bench.cli import DEFAULT_EVENTS, LATENCY_RATE, LATENCY_SECONDS, median_throughput
 
 COMMAND = ["bench", "all", "--compare", "spark", "--workers", "2", "--report"]
 LEVELS = ("p50", "p75", "p95", "p99", "p99.9", "max")
@@ -42,7 +41,7 @@ def pipeline_runs(spark, args, console) -> dict | None:
     console.print("Spark-routed pipeline (sparkcep.bench.pipeline) ...")
     work = Path(tempfile.mkdtemp(prefix="sparkcep-bench-pipeline-"))
     try:
-        events = args.events or DEFAULT_EVENTS
+        events = args.events or suite.DEFAULT_EVENTS
         data = pipeline.write_input(work / "input", events=events, ips=args.ips, seed=args.seed)
         warm = pipeline.write_input(work / "warm", events=suite.WARM_UP_EVENTS, files=2, ips=args.ips,
                                     seed=args.seed + 1)
@@ -64,7 +63,7 @@ def write(path: Path, results: list[dict], args, pipeline=None) -> None:
     cmd = "sparkcep " + " ".join(COMMAND[:-1]).replace("--workers 2", f"--workers {args.workers}") + \
         f" --report {shlex.quote(str(path))}"
     for flag, value, default in (("--events", args.events, None), ("--repeat", args.repeat, 3),
-                                 ("--latency-rate", args.latency_rate, LATENCY_RATE)):
+                                 ("--latency-rate", args.latency_rate, suite.LATENCY_RATE)):
         if value != default:
             cmd += f" {flag} {value:g}" if isinstance(value, float) else f" {flag} {value}"
     lat = suite.describe_windows(latency=True)
@@ -99,7 +98,7 @@ def write(path: Path, results: list[dict], args, pipeline=None) -> None:
         "| --- | --- | ---: | ---: | ---: | ---: |",
     ]
     for wl in suite.ALL:
-        ours, theirs = median_throughput(results, "sparkcep", wl), median_throughput(results, "spark", wl)
+        ours, theirs = suite.median_throughput(results, "sparkcep", wl), suite.median_throughput(results, "spark", wl)
         if ours is None:
             continue
         events = next(r["events"] for r in results if r["workload"] == wl and not r["latency_run"])
@@ -108,7 +107,7 @@ def write(path: Path, results: list[dict], args, pipeline=None) -> None:
         lines.append(f"| {suite.suite(wl)} | {wl} | {events:,} | {_figures(ours)} | {spark_cell} | {ratio} |")
     lines += [
         "",
-        f"## Latency at {args.latency_rate:,.0f} events/s offered, {LATENCY_SECONDS} s",
+        f"## Latency at {args.latency_rate:,.0f} events/s offered, {suite.LATENCY_SECONDS} s",
         "",
         f"Windows {suite.LATENCY_SCALE} times shorter than above, so that a run closes hundreds of them: "
         f"{_windows(lat)}.",

@@ -9,6 +9,8 @@ percentiles summarise more than a handful of closes).
 
 from __future__ import annotations
 
+import statistics
+
 import sparkcep as cep
 from sparkcep.bench import nexmark_queries, workloads
 from sparkcep.bench.generator import UserVisits
@@ -19,6 +21,9 @@ HIBENCH = workloads.WORKLOADS
 NEXMARK = nexmark_queries.QUERIES
 ALL = HIBENCH + NEXMARK
 LATENCY_SCALE = 100  # latency runs: windows this many times shorter (fixwindow 100 ms, Q7 100 ms, ...)
+DEFAULT_EVENTS = 2_000_000  # a throughput run
+LATENCY_RATE = 50_000  # a latency run: offered events/s ...
+LATENCY_SECONDS = 25  # ... for this long
 NEXMARK_RATE = 100_000.0  # NEXMark event times when sent as fast as possible: events/s of event time
 WARM_UP_EVENTS = workloads.WARM_UP_BATCHES * workloads.WARM_UP_ROWS
 
@@ -108,3 +113,10 @@ def describe_windows(latency: bool) -> dict[str, str]:
         if w is not None:
             out[name] = show(w[0]) if w[0] == w[1] else f"{show(w[0])} sliding by {show(w[1])}"
     return out
+
+
+def median_throughput(results: list[dict], engine: str, workload: str) -> tuple[float, list[float]] | None:
+    """(median, every figure) of the throughput runs of ``workload`` on ``engine``, or None."""
+    runs = [r["throughput"] for r in results
+            if r["engine"] == engine and r["workload"] == workload and not r["latency_run"]]
+    return (statistics.median(runs), runs) if runs else None
