@@ -41,6 +41,16 @@ def demo_query(name: str = "demo") -> cep.Query:
     return q
 
 
+def big_per_ip_query(name: str) -> cep.Query:
+    """Built-in operators only (nothing of a test must be importable on an executor):
+    connections -> bytes > 100 -> per_ip (10 s windows per IP: n, total)."""
+    q = cep.Query(name)
+    s = q.stream("connections", SCHEMA_DDL)
+    q.output("per_ip", s.filter(cep.col("bytes") > 100, name="big")
+             .aggregate(cep.TimeWindow("10s"), by=["ip"], name="window", n=cep.count(), total=cep.sum("bytes")))
+    return q
+
+
 def reference(chunks: list[pa.Table], query=demo_query, parallelism=1) -> dict[str, pa.Table]:
     """Every output of ``query`` after sending ``chunks`` in order and ending input, in-process, no Spark."""
     with cep.Engine.local() as e:
@@ -77,3 +87,9 @@ def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
             return value
         time.sleep(0.1)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def live_instance_managers(engine, n: int) -> list[dict]:
+    """The engine's live instance managers, sorted by name, if there are at least ``n`` (else [])."""
+    ims = sorted((i for i in engine.instance_managers() if i["alive"]), key=lambda i: i["name"])
+    return ims if len(ims) >= n else []

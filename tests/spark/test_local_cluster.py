@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from driver_process import DriverProcess, alive, cmdline, parent
-from spark_harness import SPARK_DDL, connections, wait_for, write_files
+from spark_harness import SPARK_DDL, big_per_ip_query, connections, live_instance_managers, wait_for, write_files
 
 import sparkcep as cep
 
@@ -29,15 +29,6 @@ pytestmark = pytest.mark.slow
 
 EXECUTORS = 2
 PER_IP = ["window_start", "window_end", "ip", "n", "total"]
-
-
-def _query() -> cep.Query:
-    """Built-in operators only: nothing of the test must be importable on the executors."""
-    q = cep.Query("cluster_q")
-    s = q.stream("connections", "ip string, ts timestamp, bytes int64")
-    q.output("per_ip", s.filter(cep.col("bytes") > 100, name="big")
-             .aggregate(cep.TimeWindow("10s"), by=["ip"], name="window", n=cep.count(), total=cep.sum("bytes")))
-    return q
 
 
 def _sorted(t: pa.Table) -> pa.Table:
@@ -58,7 +49,7 @@ def cluster(sparkcep_home, tmp_path_factory):
                                 "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS"},
                                EXECUTORS, work, timeout=300)
         try:
-            ims = wait_for(lambda: _live(engine, EXECUTORS), 120, "the executors' instance managers")
+            ims = wait_for(lambda: live_instance_managers(engine, EXECUTORS), 120, "the executors' instance managers")
             launchers = [parent(im["pid"]) for im in ims]
             processes = [im["pid"] for im in ims] + launchers + [parent(p) for p in launchers]
             print(f"\nlocal-cluster session and {len(ims)} instance managers up in {time.monotonic() - t:.1f} s")
@@ -66,7 +57,8 @@ def cluster(sparkcep_home, tmp_path_factory):
             t = time.monotonic()
             driver.stop(120)
             # gone with their executors: the engine sees it, and no process is left behind
-            wait_for(lambda: not _live(engine, 1), 30, "the engine to see the executors' instance managers gone")
+            wait_for(lambda: not live_instance_managers(engine, 1), 30,
+                     "the engine to see the executors' instance managers gone")
             wait_for(lambda: not any(alive(p) for p in processes), 60,
                      "the executor JVMs, launchers and instance managers to exit")
             print(f"\nlocal-cluster session stopped in {time.monotonic() - t:.1f} s")
@@ -75,12 +67,6 @@ def cluster(sparkcep_home, tmp_path_factory):
             shutil.rmtree(driver.info["work"], ignore_errors=True)  # the executors' logs, under pyspark's install
             with contextlib.suppress(OSError):
                 os.rmdir(os.path.dirname(driver.info["work"]))  # Spark's work/, unless another session uses it
-
-
-def _live(engine, n: int) -> list[dict]:
-    """The engine's live instance managers if there are at least ``n``."""
-    ims = [i for i in engine.instance_managers() if i["alive"]]
-    return ims if len(ims) >= n else []
 
 
 def test_a_query_spans_the_executors_and_gives_the_rows_of_workers_0(cluster):
@@ -105,7 +91,7 @@ def test_a_query_spans_the_executors_and_gives_the_rows_of_workers_0(cluster):
 
     chunks = [connections(2000, start=k * 2000) for k in range(5)]  # 1000 s of events, in order
     write_files(work / "in", chunks)
-    engine.deploy(_query(), parallelism=2)
+    engine.deploy(big_per_ip_query("cluster_q"), parallelism=2)
     hosted = {im["name"]: im["instances"] for im in engine.instance_managers()}
     assert all(hosted.values()), hosted  # every executor hosts instances of the query
 
@@ -116,7 +102,7 @@ def test_a_query_spans_the_executors_and_gives_the_rows_of_workers_0(cluster):
     got = engine.collect("per_ip")
 
     with cep.Engine() as alone:  # workers=0
-        alone.deploy(_query(), parallelism=2)
+        alone.deploy(big_per_ip_query("cluster_q"), parallelism=2)
         for c in chunks:
             alone.send("connections", c)
         alone.end("connections")

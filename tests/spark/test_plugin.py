@@ -15,25 +15,14 @@ import sys
 
 import pyarrow as pa
 from driver_process import DriverProcess, alive, parent
-from spark_harness import connections, wait_for
+from spark_harness import big_per_ip_query, connections, live_instance_managers, wait_for
 
 import sparkcep as cep
 
 
 def _registered(engine, n: int) -> list[dict]:
     """The engine's instance managers once ``n`` are registered and alive."""
-    def live():
-        ims = [i for i in engine.instance_managers() if i["alive"]]
-        return len(ims) >= n and ims
-    return sorted(wait_for(live, 90, f"{n} registered instance managers"), key=lambda i: i["name"])
-
-
-def _query() -> cep.Query:
-    q = cep.Query("plugin_q")
-    s = q.stream("connections", "ip string, ts timestamp, bytes int64")
-    q.output("per_ip", s.filter(cep.col("bytes") > 100, name="big")
-             .aggregate(cep.TimeWindow("10s"), by=["ip"], name="window", n=cep.count(), total=cep.sum("bytes")))
-    return q
+    return wait_for(lambda: live_instance_managers(engine, n), 90, f"{n} registered instance managers")
 
 
 def _run(engine, data: pa.Table) -> pa.Table:
@@ -66,12 +55,12 @@ def test_executor_instance_managers_serve_each_engine_and_stop_with_the_session(
             assert all(im["name"] in status.stdout and im["address"] in status.stdout for im in ims)
 
             data = connections(2000)
-            first.deploy(_query(), parallelism=2)
+            first.deploy(big_per_ip_query("plugin_q"), parallelism=2)
             hosted = {im["name"]: im["instances"] for im in first.instance_managers()}
             assert all(hosted.values()), hosted  # both instance managers run instances of the query
             got = _run(first, data)
         with cep.Engine() as alone:  # workers=0, and not published: the launcher never sees it
-            alone.deploy(_query(), parallelism=2)
+            alone.deploy(big_per_ip_query("plugin_q"), parallelism=2)
             assert got.equals(_run(alone, data))
         wait_for(lambda: not any(alive(im["pid"]) for im in ims), 30, "the first engine's instance managers to exit")
 
