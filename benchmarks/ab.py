@@ -82,10 +82,9 @@ def inner(events: int, rate: float | None) -> dict:
     rows = sum(len(ends) for _, ends in arrivals)
     figures = {"throughput": events / elapsed, "rows": rows}
     if rate:  # a window closes when the first record past its end is due: t0 + (end - start) in event time
-        late = [(out - t0 - (ends.cast(pa.int64()).to_numpy() - start_us) / 1e6) * 1e3 for out, ends in arrivals]
-        per_row = np.concatenate(late)
-        ends = np.concatenate([e.cast(pa.int64()).to_numpy() for _, e in arrivals])
-        per_close = pd.Series(per_row).groupby(ends).max().to_numpy()
+        ends = [e.cast(pa.int64()).to_numpy() for _, e in arrivals]
+        per_row = np.concatenate([(out - t0 - (e - start_us) / 1e6) * 1e3 for (out, _), e in zip(arrivals, ends)])
+        per_close = pd.Series(per_row).groupby(np.concatenate(ends)).max().to_numpy()
         figures.update(row_p50=np.percentile(per_row, 50), row_p99=np.percentile(per_row, 99),
                        close_p50=np.percentile(per_close, 50), close_p99=np.percentile(per_close, 99),
                        closes=len(per_close))

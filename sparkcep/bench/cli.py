@@ -37,7 +37,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("workload", choices=list(suite.ALL) + list(GROUPS))
     parser.add_argument("--rate", type=float, default=None, help="events/s, open loop (default: as fast as possible)")
     parser.add_argument("--events", type=int, default=None,
-                        help=f"events to send (default {suite.DEFAULT_EVENTS:,}; with --rate, {suite.LATENCY_SECONDS} s worth)")
+                        help=f"events to send (default {suite.DEFAULT_EVENTS:,}; "
+                             f"with --rate, {suite.LATENCY_SECONDS} s worth)")
     parser.add_argument("--workers", type=int, default=0, help="instance manager processes (0: in this process)")
     parser.add_argument("--instances", type=int, default=2, help="instances of repartition's map (HiBench: cores)")
     parser.add_argument("--ips", type=int, default=100_000, help="HiBench: distinct source IPs")

@@ -63,7 +63,7 @@ def session(app: str = "sparkcep-bench"):
             .config("spark.sql.session.timeZone", "UTC")
             .config("spark.sql.streaming.numRecentProgressUpdates", "100000")
             .config("spark.sql.streaming.noDataMicroBatches.enabled", "true")
-            .config("spark.driver.memory", "4g")  # 2g ran out on q7 in a quiet run (state of every run of a session)
+            .config("spark.driver.memory", "4g")  # 2g ran out in q7's second throughput run
             .config("spark.ui.showConsoleProgress", "false")
             .getOrCreate())
 
