@@ -15,11 +15,12 @@ import itertools
 import threading
 import uuid
 
+import numpy as np
 import pyarrow as pa
 
 from sparkcep import auth
 from sparkcep.core import columns
-from sparkcep.core.ingest import check_event_times, to_batch
+from sparkcep.core.ingest import check_event_times, to_batches
 from sparkcep.core.operators import WM_NONE
 from sparkcep.errors import EngineError, InputError, QueryError, UnknownStreamError
 from sparkcep.query.query import Query
@@ -129,6 +130,9 @@ class Engine:
         self._closed = True
         if self.endpoint is not None:
             self.endpoint.close()
+        for dep in self.deployments.values():
+            if dep.runners:  # its instances run in this process: their state goes now
+                dep.close()
         if self.cluster is not None:
             self.cluster.close()
 
@@ -195,35 +199,37 @@ class Engine:
         if stream in self._ended:
             raise InputError(f"stream {stream!r} has ended; no more tuples can be sent to it", "ENDED")
         src = deps[0].query.sources[stream]
-        batch = to_batch(stream, src.schema, data, src.time_field)
-        n = batch.num_rows
-        if n == 0:
+        batches = [b for b in to_batches(stream, src.schema, data, src.time_field) if b.num_rows]
+        if not batches:
             return 0
         with self._lock:
             if src.time_field is not None:
                 seen = max(dep.sources[stream].max_ts for dep in deps)
-                check_event_times(stream, src.time_field, batch.column(src.time_field).cast(pa.int64()).to_numpy(),
-                                  None if seen == WM_NONE else seen, src.max_ahead_us)
-            return self._send(stream, deps, batch, src.time_field)
+                ts = np.concatenate([b.column(src.time_field).cast(pa.int64()).to_numpy() for b in batches])
+                check_event_times(stream, src.time_field, ts, None if seen == WM_NONE else seen, src.max_ahead_us)
+            return self._send(stream, deps, batches, src.time_field)
 
-    def _send(self, stream: str, deps: list[Deployment], batch: pa.RecordBatch, time_field: str | None) -> int:
-        """Stamp ``batch`` (sequence numbers, event time, watermark) and hand it to ``deps``, all or nothing.
+    def _send(self, stream: str, deps: list[Deployment], batches: list[pa.RecordBatch], time_field: str | None) -> int:
+        """Stamp ``batches`` (sequence numbers, event time, the watermark from before them) and hand them
+        to ``deps`` as one epoch, all or nothing.
 
-        Until every deployment's channels hold the whole batch, any failure
+        Until every deployment's channels hold every batch, any failure
         (a full ring that does not drain, a dead worker, an interrupt) aborts
         the epoch in every deployment and the sequence numbers stay free.
         Then the epoch is closed everywhere; an operator failing on it fails
         its deployment, whose outputs never show the epoch.
         """
-        n = batch.num_rows
+        n = sum(b.num_rows for b in batches)
         for dep in deps:
             dep.check()
         pushed = []
         try:
             for dep in deps:
-                stamped = columns.stamp(batch, self._seq, time_field, dep.sources[stream].max_ts)
+                seq, watermark = self._seq, dep.sources[stream].max_ts
                 pushed.append(dep)
-                dep.push(stream, stamped)
+                for batch in batches:
+                    dep.push(stream, columns.stamp(batch, seq, time_field, watermark))
+                    seq += batch.num_rows
             for dep in deps:
                 dep.flush()
         except BaseException:

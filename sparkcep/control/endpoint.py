@@ -64,6 +64,7 @@ from sparkcep import auth
 from sparkcep.control import discovery
 from sparkcep.control.protocol import ProtocolError, from_ipc, read_head, read_payload, send_frame, to_ipc
 from sparkcep.control.staging import Staging
+from sparkcep.core.pages import scratch
 from sparkcep.errors import EngineError, InputError, SparkcepError, UnknownStreamError
 from sparkcep.runtime.output_log import OutputLog
 from sparkcep.schema import type_name
@@ -152,7 +153,7 @@ class Endpoint:
                 if not auth.check(self.token, header.pop("token", None)):
                     self._refuse(conn, peer, header)
                     return
-                payload = read_payload(conn, size)
+                payload = read_payload(conn, size, scratch)
                 try:
                     reply, data = self._dispatch(header, payload)
                     send_frame(conn, {"ok": True, **reply}, data)

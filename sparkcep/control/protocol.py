@@ -83,9 +83,9 @@ def read_head(sock: socket.socket) -> tuple[dict, int] | None:
     return header, size
 
 
-def read_payload(sock: socket.socket, size: int) -> pa.Buffer | None:
-    """The ``size`` payload bytes that follow a header (None when there are none)."""
-    return pa.py_buffer(_recv_exact(sock, size)) if size else None
+def read_payload(sock: socket.socket, size: int, alloc=bytearray) -> pa.Buffer | None:
+    """The ``size`` payload bytes that follow a header, read into ``alloc(size)`` (None when there are none)."""
+    return pa.py_buffer(_recv_into(sock, alloc(size))) if size else None
 
 
 def recv_frame(sock: socket.socket) -> tuple[dict, pa.Buffer | None] | None:
@@ -107,9 +107,13 @@ def _check_sizes(head_len: int, size: int, what: str) -> None:
 
 
 def _recv_exact(sock: socket.socket, n: int, eof_ok: bool = False):
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
+    return _recv_into(sock, bytearray(n), eof_ok)
+
+
+def _recv_into(sock: socket.socket, buf, eof_ok: bool = False):
+    """``buf`` (a writable buffer) filled from ``sock``; None if the peer closed before its first byte."""
+    view = memoryview(buf).cast("B")
+    n, got = len(view), 0
     while got < n:
         k = sock.recv_into(view[got:], n - got)
         if k == 0:

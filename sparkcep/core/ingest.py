@@ -45,6 +45,21 @@ def to_batch(stream: str, schema: Schema, data, time_field: str | None) -> pa.Re
     return batch
 
 
+def to_batches(stream: str, schema: Schema, data, time_field: str | None) -> list[pa.RecordBatch]:
+    """The validated batches for ``data``: a Table's record batches converted one by one, never
+    copied into one (a Spark micro-batch arrives in thousands of pieces, hundreds of MiB in all).
+
+    Errors are those of :func:`to_batch` on the whole ``data``: rows count from its start.
+    """
+    if not isinstance(data, pa.Table) or data.num_rows == 0:
+        return [to_batch(stream, schema, data, time_field)]
+    try:
+        return [to_batch(stream, schema, b, time_field) for b in data.to_batches() if b.num_rows]
+    except InputError:
+        to_batch(stream, schema, data, time_field)  # the same error, its row counted from the table's start
+        raise
+
+
 def _columns(stream: str, data) -> dict:
     if isinstance(data, pa.RecordBatch):
         return {n: data.column(i) for i, n in enumerate(data.schema.names)}

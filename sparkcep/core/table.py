@@ -26,13 +26,12 @@ so they fill evenly.
 
 from __future__ import annotations
 
-import mmap
-
 import numpy as np
 from numba import njit
 
 from sparkcep.core.hashing import hash_head, hash_key
 from sparkcep.core.memory import prefetch, store8
+from sparkcep.core.pages import zeroed
 
 EMPTY, TOMB = -1, -2  # KEY column of a free slot and of a deleted entry
 COUNTER = np.iinfo(np.int64).min  # window start of a per-group tuple counter entry
@@ -476,20 +475,6 @@ def group_rows(keys, n_keys):
         order[fill[k]] = i
         fill[k] += 1
     return order, starts
-
-
-def zeroed(shape: tuple[int, ...], dtype) -> np.ndarray:
-    """A zeroed array of plain 4 KiB pages, page-aligned (so entry rows start on cache lines).
-
-    Not ``np.zeros``: numpy advises huge pages for arrays of 4 MiB and more,
-    and where the kernel defragments for such advice (THP ``defrag=madvise``,
-    as here) the first touch of a huge page can wait for memory compaction.
-    That made a table rebuild take ~40 ms instead of ~7.
-    """
-    dtype = np.dtype(dtype)
-    n = int(np.prod(shape))
-    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE
-    return np.frombuffer(mmap.mmap(-1, max(n * dtype.itemsize, 1), flags), dtype, count=n).reshape(shape)
 
 
 class BinnedTable:

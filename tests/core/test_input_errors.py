@@ -201,3 +201,24 @@ def test_an_event_far_ahead_of_the_watermark_is_refused_and_the_bound_is_the_use
         e.deploy(q)
         e.send("ev", {**good_columns(), "ts": [dt.datetime(2024, 1, 1), dt.datetime(4124, 1, 1)]})
         assert e.collect("raw").num_rows == 2
+
+
+def test_a_table_of_many_batches_is_one_send_whose_errors_count_rows_from_its_start():
+    """A Spark micro-batch reaches send() as a table of thousands of record batches: they are one
+    epoch (a later batch's earlier events are not late), and an error names the row in the table."""
+    first = pa.RecordBatch.from_pydict(good_columns(3))
+    later = {**good_columns(2), "ts": [dt.datetime(2023, 12, 31, 23, 59, 50)] * 2}  # before every row of `first`
+    table = pa.Table.from_batches([first, pa.RecordBatch.from_pydict(later, schema=first.schema)])
+    assert table.num_rows == 5 and len(table.to_batches()) == 2
+    with cep.Engine.local() as e:
+        e.deploy(query())
+        bad = pa.Table.from_batches([first, pa.RecordBatch.from_pydict({**good_columns(2), "ts": [
+            dt.datetime(2024, 1, 1), None]}, schema=first.schema)])
+        with pytest.raises(cep.InputError) as err:
+            e.send("ev", bad)
+        assert err.value.code == "NULL_TIME" and "row 4" in str(err.value)
+        assert e.metrics()["sequence"] == 0
+        assert e.send("ev", table) == 5
+        e.end("ev")
+        assert sorted(e.collect("out").column("n").to_pylist()) == [2, 3]
+        assert sum(e.metrics()["late"]["q"].values()) == 0

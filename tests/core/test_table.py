@@ -11,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkcep.core.hashing import hash_key
+from sparkcep.core.pages import zeroed
 from sparkcep.core.table import (ACC, EMPTY, K0, K1, KEY, KEY_BITS, KEY_LEN, MAX_LOAD, N_LIVE, N_TOMB, TOMB, WSTART,
-                                 BinnedTable, find_slot, key_bytes, place, room, slot_hash, zeroed)
+                                 BinnedTable, find_slot, key_bytes, place, room, slot_hash)
 
 BINS = 2
 KEYS = [b"", b"a", b"b", b"abcdefghijklmnopq", b"abcdefghijklmnopr", b"1.2.3.4", b"\x00", b"\x00\x00"] + \
