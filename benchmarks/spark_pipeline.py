@@ -3,9 +3,9 @@
     python benchmarks/spark_pipeline.py                  # 2M events, 10 min of event time, 10 files, 3 runs each
     python benchmarks/spark_pipeline.py --events 400000 --runs 1
 
-Both paths read the same Parquet files in one local[2] Spark session and are
-warmed first on a small directory of the same shape; each measured run
-alternates native and routed. The routed results must be complete: the
+Both paths read the same Parquet files in one local[2] Spark session, each
+warmed by one untimed run over them; the measured runs alternate native and
+routed. The routed results must be complete: the
 engine's windows equal a batch Spark computation of fixwindow over the same
 files (rows, sum of counts, sum of first keys), and the Spark reader read
 every one of them; the native run must emit as many windows. What is timed
@@ -42,34 +42,30 @@ def main(argv=None) -> int:
 
     work = Path(tempfile.mkdtemp(prefix="sparkcep-pipeline-"))
     data = pipeline.write_input(work / "input", a.events, a.files, a.span)
-    warm = pipeline.write_input(work / "warm", max(a.events // 20, 10_000), 2, a.span / 20)
     spark = session("sparkcep-pipeline")
     spark.sparkContext.setLogLevel("ERROR")
-    for _ in range(2):
-        pipeline.native(spark, warm, work)
-        pipeline.routed(spark, warm, work, a.workers)
-    want = pipeline.reference(spark, data)
     print(f"{a.events:,} events over {a.span:.0f} s of event time in {a.files} Parquet files; "
-          f"{want.rows:,} windows. local[2], engine workers={a.workers}")
-    runs: dict[str, list] = {"native": [], "routed": []}
-    for k in range(a.runs):
-        for run in (pipeline.native(spark, data, work), pipeline.routed(spark, data, work, a.workers)):
-            complete = run.totals == want if run.path == "routed" else run.totals.rows == want.rows
-            if not complete:
-                print(f"INCOMPLETE {run.path} run {k + 1}: {run.totals} != {want}")
-                return 1
-            runs[run.path].append(run)
-            stages = "".join(f", {s} {v:.2f} s" for s, v in run.stages.items())
-            cpu = ", ".join(f"{g} {v:.1f}" for g, v in run.cpu.items())
-            print(f"run {k + 1} {run.path:6s} {run.seconds:6.2f} s {run.rate:>10,.0f} events/s  "
-                  f"CPU s: {cpu}, total {sum(run.cpu.values()):.1f}{stages}")
+          f"local[2], engine workers={a.workers}; one untimed run of each path first", flush=True)
+
+    def show(k, run, complete):
+        stages = "".join(f", {s} {v:.2f} s" for s, v in run.stages.items())
+        cpu = ", ".join(f"{g} {v:.1f}" for g, v in run.cpu.items())
+        print(f"run {k + 1} {run.path:6s} {run.seconds:6.2f} s {run.rate:>10,.0f} events/s, {run.totals.rows:,} windows  "
+              f"CPU s: {cpu}, total {sum(run.cpu.values()):.1f}{stages}{'' if complete else '  INCOMPLETE'}",
+              flush=True)
+
+    results = pipeline.compare(spark, data, work, a.runs, a.workers, show)
+    spark.stop()
+    if not all(c for rs in results.values() for _, c in rs):
+        print("INCOMPLETE results: see the runs marked above")
+        return 1
+    runs = {p: [r for r, _ in rs] for p, rs in results.items()}
     native = statistics.median(r.rate for r in runs["native"])
     routed = statistics.median(r.rate for r in runs["routed"])
     cpu = {p: statistics.median(sum(r.cpu.values()) for r in rs) for p, rs in runs.items()}
     print(f"median of {a.runs}: Spark native {native:,.0f} events/s, routed through the engine "
           f"{routed:,.0f} events/s: {routed / native:.2f}x (results complete); CPU seconds "
           f"{cpu['native']:.1f} native, {cpu['routed']:.1f} routed: {cpu['native'] / cpu['routed']:.2f}x less")
-    spark.stop()
     return 0
 
 

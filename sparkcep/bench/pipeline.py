@@ -19,7 +19,9 @@ Time: wall clock from ``start()`` to the moment the last result is out
 (native: the query ended; routed: the reader has read every window the
 engine produced; its stages: ``sink`` until the writing query ended, ``end``,
 ``source`` the rest). Throughput: input records over that time. Both paths
-are warmed first on a small directory of the same shape.
+are warmed first by one untimed run over the same files (:func:`compare`):
+Spark's JIT-compiled code and the engine's memory are then as a pipeline that
+has been running has them.
 
 CPU: seconds of CPU the run took (:func:`cpu_seconds`) in Spark (its JVM and
 every Python process it started) and in the engine (this process: the
@@ -131,6 +133,26 @@ def reference(spark, directory: Path) -> Totals:
     r = agg.agg(F.count(F.lit(1)).alias("rows"), F.sum("count").alias("count"),
                 F.sum(F.unix_micros("first") - T0_US).alias("first")).collect()[0]
     return Totals(int(r["rows"]), int(r["count"]), int(r["first"]))
+
+
+def compare(spark, directory: Path, workdir: Path, runs: int, workers: int = 0, on_run=None) -> dict[str, list]:
+    """Both paths over ``directory``: one untimed run of each, then ``runs`` measured ones, alternating.
+
+    Returns ``{path: [(run, complete), ...]}``; ``on_run(k, run, complete)``
+    is called as each measured run ends. A routed run is complete when its
+    windows equal :func:`reference`, a native one when it emitted as many.
+    """
+    native(spark, directory, workdir)
+    routed(spark, directory, workdir, workers)
+    want = reference(spark, directory)
+    out: dict[str, list] = {"native": [], "routed": []}
+    for k in range(runs):
+        for run in (native(spark, directory, workdir), routed(spark, directory, workdir, workers)):
+            complete = run.totals == want if run.path == "routed" else run.totals.rows == want.rows
+            out[run.path].append((run, complete))
+            if on_run is not None:
+                on_run(k, run, complete)
+    return out
 
 
 def native(spark, directory: Path, workdir: Path) -> PipelineRun:

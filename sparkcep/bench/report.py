@@ -27,33 +27,17 @@ COMMAND = ["bench", "all", "--compare", "spark", "--workers", "2", "--report"]
 LEVELS = ("p50", "p75", "p95", "p99", "p99.9", "max")
 
 
-def pipeline_runs(spark, args, console) -> dict | None:
-    """Spark native and the Spark-routed pipeline (:mod:`sparkcep.bench.pipeline`) on fixwindow, both
-    warmed, ``--repeat`` runs each, alternating: {path: [(run, complete), ...]}; None while that
-    module does not exist. A routed run is complete when its windows equal a batch Spark computation
-    over the same files, a native one when it emitted as many windows."""
-    try:
-        from sparkcep.bench import pipeline
-    except ModuleNotFoundError as e:
-        if e.name != "sparkcep.bench.pipeline":
-            raise
-        return None
+def pipeline_runs(spark, args, console) -> dict:
+    """Spark native and the Spark-routed pipeline on fixwindow, ``--repeat`` runs each after an untimed
+    one (:func:`sparkcep.bench.pipeline.compare`): {path: [(run, complete), ...]}."""
+    from sparkcep.bench import pipeline
+
     console.print("Spark-routed pipeline (sparkcep.bench.pipeline) ...")
     work = Path(tempfile.mkdtemp(prefix="sparkcep-bench-pipeline-"))
     try:
         events = args.events or suite.DEFAULT_EVENTS
         data = pipeline.write_input(work / "input", events=events, ips=args.ips, seed=args.seed)
-        warm = pipeline.write_input(work / "warm", events=suite.WARM_UP_EVENTS, files=2, ips=args.ips,
-                                    seed=args.seed + 1)
-        pipeline.native(spark, warm, work)
-        pipeline.routed(spark, warm, work, args.workers)
-        want = pipeline.reference(spark, data)
-        runs: dict[str, list] = {"native": [], "routed": []}
-        for _ in range(max(1, args.repeat)):
-            for run in (pipeline.native(spark, data, work), pipeline.routed(spark, data, work, args.workers)):
-                complete = run.totals == want if run.path == "routed" else run.totals.rows == want.rows
-                runs[run.path].append((run, complete))
-        return runs
+        return pipeline.compare(spark, data, work, max(1, args.repeat), args.workers)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -163,7 +147,7 @@ def _levels(p: dict) -> str:
 def _pipeline_lines(runs, workers: int) -> list[str]:
     head = ["", "## The Spark-routed pipeline: Spark -> `format(\"upmcep\")` -> engine -> `format(\"upmcep\")` -> Spark", ""]
     if runs is None:
-        return head + ["Not measured in this run: there is no `sparkcep.bench.pipeline` yet.", ""]
+        return head + ["Not measured in this run (it needs `--compare spark`).", ""]
     def median(path):
         ordered = sorted(runs[path], key=lambda rc: rc[0].seconds)
         return ordered[len(ordered) // 2][0]
