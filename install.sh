@@ -9,3 +9,6 @@ if ! command -v java >/dev/null || [ ! -f /usr/share/java/zookeeper.jar ] || ! c
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openjdk-17-jdk-headless zookeeper numactl >/dev/null
 fi
 python3 -m pip install -q --disable-pip-version-check -e ".[test]"
+# Byte-compile the package: Spark starts fresh Python processes that import it, and where
+# PYTHONDONTWRITEBYTECODE is set each of them would otherwise compile it from source again.
+python3 -m compileall -q sparkcep pyspark_upmcep >/dev/null

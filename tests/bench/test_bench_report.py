@@ -66,7 +66,7 @@ def test_the_report_lists_every_workload_with_ratios_and_sample_counts(tmp_path)
     assert ("| routed | 2,000,000 | 4.00 | 500,000 | 2.50x | sink 2.00, end 0.50, source 1.50 | spark 20.0, "
             "engine 5.5 | yes |") in text
     report.write(path, results, args, None)
-    assert "no `sparkcep.bench.pipeline` yet" in path.read_text()
+    assert "Not measured in this run (it needs `--compare spark`)" in path.read_text()
 
 
 def test_a_latency_run_of_a_nexmark_query_end_to_end():
