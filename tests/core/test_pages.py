@@ -1,9 +1,13 @@
-"""Zeroed arrays reuse the mappings of dead ones: zeroed again, never shared with a live array."""
+"""Zeroed arrays reuse the mappings of dead ones: zeroed again, never shared with a live array; an
+engine gives its state back when it closes or a query goes."""
 
 import gc
 
 import numpy as np
+import pyarrow as pa
+import pytest
 
+import sparkcep as cep
 from sparkcep.core import pages
 from sparkcep.core.pages import zeroed
 
@@ -64,3 +68,28 @@ def test_scratch_reuses_a_dead_buffer_and_small_ones_are_plain():
     assert pages.scratch(3 << 20).ctypes.data == address
     small = pages.scratch(100)
     assert small.nbytes == 100 and small.dtype == np.uint8
+
+
+@pytest.mark.parametrize("how", ["close", "undeploy"])
+def test_a_closed_engine_or_undeployed_query_gives_its_state_back_at_once(how):
+    """Without waiting for the cyclic collector (disabled here): the next engine reuses the pages."""
+    q = cep.Query("w")
+    q.output("out", q.stream("ev", {"k": "string", "ts": "timestamp"}).aggregate(cep.TimeWindow("10s"), by="k",
+                                                                                  n=cep.count()))
+    n = 50_000
+    data = {"k": [f"key-{i}" for i in range(n)], "ts": pa.array(np.arange(n, dtype=np.int64), pa.timestamp("us"))}
+    gc.collect()
+    gc.disable()
+    try:
+        before = pages.spare_bytes()
+        e = cep.Engine.local()
+        e.deploy(q)
+        e.send("ev", data)
+        if how == "close":
+            e.close()
+        else:
+            e.undeploy("w")
+        assert pages.spare_bytes() >= before + (4 << 20)  # its hash table's pages are spares again
+        e.close()
+    finally:
+        gc.enable()
