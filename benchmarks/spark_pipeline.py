@@ -5,11 +5,11 @@
 
 Both paths read the same Parquet files in one local[2] Spark session, each
 warmed by one untimed run over them; the measured runs alternate native and
-routed. The routed results must be complete: the
-engine's windows equal a batch Spark computation of fixwindow over the same
-files (rows, sum of counts, sum of first keys), and the Spark reader read
-every one of them; the native run must emit as many windows. What is timed
-and how: :mod:`sparkcep.bench.pipeline`.
+routed. The routed results must be complete: the engine's windows equal a
+batch Spark computation of fixwindow over the same files (rows, sum of
+counts, sum of first keys), and the Spark reader read every one of them; the
+native run must emit as many windows. What is timed and how:
+:mod:`sparkcep.bench.pipeline`.
 """
 
 from __future__ import annotations

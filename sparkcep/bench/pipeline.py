@@ -10,7 +10,7 @@ one Spark session and end in Spark's ``noop`` sink:
 * **routed** -- a Spark query writes the records into the engine
   (``writeStream.format("upmcep")``, default options: every file in one
   micro-batch, several partitions), the engine runs fixwindow
-  (:func:`sparkcep.bench.workloads.query`, in this process with
+  (:func:`sparkcep.bench.workloads.query`, by default in this process,
   ``workers=0``), ``Engine.end`` closes the last windows, and a second
   Spark query, started first and running all along, reads every window
   back (``readStream.format("upmcep")``).
