@@ -50,9 +50,9 @@ def main(argv=None) -> int:
     def show(k, run, complete):
         stages = "".join(f", {s} {v:.2f} s" for s, v in run.stages.items())
         cpu = ", ".join(f"{g} {v:.1f}" for g, v in run.cpu.items())
-        print(f"run {k + 1} {run.path:6s} {run.seconds:6.2f} s {run.rate:>10,.0f} events/s, {run.totals.rows:,} windows  "
-              f"CPU s: {cpu}, total {sum(run.cpu.values()):.1f}{stages}{'' if complete else '  INCOMPLETE'}",
-              flush=True)
+        print(f"run {k + 1} {run.path:6s} {run.seconds:6.2f} s {run.rate:>10,.0f} events/s, "
+              f"{run.totals.rows:,} windows  CPU s: {cpu}, total {sum(run.cpu.values()):.1f}{stages}"
+              f"{'' if complete else '  INCOMPLETE'}", flush=True)
 
     results = pipeline.compare(spark, data, work, a.runs, a.workers, show)
     spark.stop()

@@ -46,18 +46,42 @@ def to_batch(stream: str, schema: Schema, data, time_field: str | None) -> pa.Re
 
 
 def to_batches(stream: str, schema: Schema, data, time_field: str | None) -> list[pa.RecordBatch]:
-    """The validated batches for ``data``: a Table's record batches converted one by one, never
-    copied into one (a Spark micro-batch arrives in thousands of pieces, hundreds of MiB in all).
+    """The validated batches for ``data``: a Table's record batches converted piece by piece, never
+    copied into one (a Spark micro-batch arrives as hundreds of MiB in pieces of about 1.5 MiB).
 
+    Consecutive batches smaller than :data:`PIECE_BYTES` are joined first: every batch costs the
+    engine a fixed amount, and ten thousand 10-row batches took 10.7 s against 0.013 s as one.
     Errors are those of :func:`to_batch` on the whole ``data``: rows count from its start.
     """
     if not isinstance(data, pa.Table) or data.num_rows == 0:
         return [to_batch(stream, schema, data, time_field)]
     try:
-        return [to_batch(stream, schema, b, time_field) for b in data.to_batches() if b.num_rows]
+        return [to_batch(stream, schema, b, time_field) for b in _pieces(data)]
     except InputError:
         to_batch(stream, schema, data, time_field)  # the same error, its row counted from the table's start
         raise
+
+
+PIECE_BYTES = 1 << 20  # smaller record batches of a table are joined up to this size
+
+
+def _pieces(table: pa.Table):
+    """The non-empty record batches of ``table``, runs of small ones joined into batches of ~PIECE_BYTES."""
+    run, size = [], 0
+    for b in table.to_batches():
+        if not b.num_rows:
+            continue
+        run.append(b)
+        size += b.nbytes
+        if size >= PIECE_BYTES:
+            yield _joined(run)
+            run, size = [], 0
+    if run:
+        yield _joined(run)
+
+
+def _joined(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    return batches[0] if len(batches) == 1 else pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
 
 
 def _columns(stream: str, data) -> dict:

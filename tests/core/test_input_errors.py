@@ -222,3 +222,19 @@ def test_a_table_of_many_batches_is_one_send_whose_errors_count_rows_from_its_st
         e.end("ev")
         assert sorted(e.collect("out").column("n").to_pylist()) == [2, 3]
         assert sum(e.metrics()["late"]["q"].values()) == 0
+
+
+def test_a_tables_small_batches_are_joined_and_its_large_ones_kept_as_they_are():
+    from sparkcep.core.ingest import PIECE_BYTES, to_batches
+    from sparkcep.schema import Schema
+
+    n = 100_000
+    big = pa.RecordBatch.from_pydict({"k": [f"k{i % 1000}" for i in range(n)],
+                                      "ts": pa.array(np.arange(n, dtype=np.int64), pa.timestamp("us")),
+                                      "v": np.arange(n), "x": np.zeros(n)})
+    assert big.nbytes >= PIECE_BYTES
+    tiny = pa.Table.from_batches([big.slice(i, 10) for i in range(0, n, 10)])
+    out = to_batches("ev", Schema(EV), tiny, "ts")
+    assert len(out) <= big.nbytes // PIECE_BYTES + 1 and pa.Table.from_batches(out).equals(pa.Table.from_batches([big]))
+    out = to_batches("ev", Schema(EV), pa.Table.from_batches([big, big]), "ts")
+    assert len(out) == 2 and all(o.column(0).buffers()[2].address == big.column(0).buffers()[2].address for o in out)
