@@ -29,7 +29,8 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, Supp
 from sparkcep.spark.connection import Target, call
 from sparkcep.spark.options import SourceOptions, SparkSourceError
 
-MAX_BATCH_ROWS = 1 << 18  # rows per Arrow batch handed to Spark
+MAX_BATCH_ROWS = 1 << 18  # rows per Arrow batch handed to Spark when small ones are joined
+SMALL_BATCH_ROWS = 1 << 13  # a range whose batches hold fewer rows than this on average is joined
 METRICS = "$metrics"
 
 
@@ -69,9 +70,8 @@ def read_range(r: LogRange, schema, metadata: bool):
     if table.num_rows != r.end - r.start:
         raise SparkSourceError(f"stream {r.stream!r} partition {r.partition}: asked rows [{r.start}, {r.end}), "
                                f"got {table.num_rows}", "SHORT_READ")
-    table = table.combine_chunks()
     offset = r.start
-    for b in table.to_batches(max_chunksize=MAX_BATCH_ROWS):
+    for b in spark_batches(table):
         n = b.num_rows
         cols = [b.column(i) for i in range(b.num_columns - 1)]  # the visible fields; __seq is last
         if metadata:
@@ -80,6 +80,16 @@ def read_range(r: LogRange, schema, metadata: bool):
         yield pa.RecordBatch.from_arrays([c if c.type == f.type else c.cast(f.type) for c, f in zip(cols, target)],
                                          schema=target)
         offset += n
+
+
+def spark_batches(table: pa.Table) -> list[pa.RecordBatch]:
+    """The non-empty batches of ``table`` as Spark gets them: as the engine stored them, not copied,
+    unless they are small on average (every batch costs Spark a fixed amount); then joined into
+    batches of :data:`MAX_BATCH_ROWS`."""
+    batches = [b for b in table.to_batches() if b.num_rows]
+    if len(batches) > 1 and table.num_rows < len(batches) * SMALL_BATCH_ROWS:
+        return table.combine_chunks().to_batches(max_chunksize=MAX_BATCH_ROWS)
+    return batches
 
 
 def offset_of(state: dict, positions: dict[int, int]) -> dict:

@@ -135,3 +135,19 @@ def test_metrics_readable_as_stream_and_batch(spark, engine, tmp_path):
     finally:
         q.stop()
     assert max(sequences()) == 130
+
+
+def test_read_batches_are_the_engines_unless_small():
+    """Batches of the engine's output log reach Spark uncopied; ranges of tiny batches are joined."""
+    import pyarrow as pa
+
+    from sparkcep.spark.reader import MAX_BATCH_ROWS, SMALL_BATCH_ROWS, spark_batches
+
+    big = [pa.record_batch({"v": pa.array(range(k, k + SMALL_BATCH_ROWS * 2))}) for k in (0, 10**6)]
+    out = spark_batches(pa.Table.from_batches([big[0], big[0].slice(0, 0), big[1]]))
+    assert len(out) == 2 and all(o.column(0).buffers()[1].address == b.column(0).buffers()[1].address
+                                 for o, b in zip(out, big))
+    tiny = [pa.record_batch({"v": pa.array([k, k + 1])}) for k in range(0, 2 * MAX_BATCH_ROWS, 2)]
+    out = spark_batches(pa.Table.from_batches(tiny))
+    assert [o.num_rows for o in out] == [MAX_BATCH_ROWS, MAX_BATCH_ROWS]
+    assert pa.Table.from_batches(out).column("v").to_pylist() == list(range(2 * MAX_BATCH_ROWS))
