@@ -10,10 +10,11 @@ one Spark session and end in Spark's ``noop`` sink:
 * **routed** -- a Spark query writes the records into the engine
   (``writeStream.format("upmcep")``, default options: every file in one
   micro-batch, several partitions), the engine runs fixwindow
-  (:func:`sparkcep.bench.workloads.query`, by default in this process,
-  ``workers=0``), ``Engine.end`` closes the last windows, and a second
-  Spark query, running all along, reads every window back
-  (``readStream.format("upmcep")``).
+  (:func:`sparkcep.bench.workloads.query`, deployed afresh for each run on
+  one engine that serves them all, as a running engine serves its queries;
+  by default in this process, ``workers=0``), ``Engine.end`` closes the last
+  windows, and a second Spark query, running all along, reads every window
+  back (``readStream.format("upmcep")``).
 
 Time: wall clock from the ``start()`` of the query that reads the Parquet
 files to the moment the last result is out (native: the query ended; routed:
@@ -27,7 +28,8 @@ pipeline's reader is); the time it took to start is reported beside the run
 over the same files (:func:`compare`): Spark's JIT-compiled code and the
 engine's memory are then as a pipeline that has been running has them (after
 one, the first measured run of each path was still 10-25% slower than the
-next ones).
+next ones; an engine started afresh for each run spent a second of each
+commit faulting in memory the last run had used).
 
 CPU: seconds of CPU the run took (:func:`cpu_seconds`) in Spark (its JVM and
 every Python process it started) and in the engine (this process: the
@@ -146,21 +148,24 @@ def compare(spark, directory: Path, workdir: Path, runs: int, workers: int = 0, 
             warm_ups: int = 2) -> dict[str, list]:
     """Both paths over ``directory``: ``warm_ups`` untimed runs of each, then ``runs`` measured ones, alternating.
 
-    Returns ``{path: [(run, complete), ...]}``; ``on_run(k, run, complete)``
-    is called as each measured run ends. A routed run is complete when its
-    windows equal :func:`reference`, a native one when it emitted as many.
+    The routed runs share one engine (``workers`` instance managers), as the
+    runs of native share one Spark session; each run deploys the query
+    afresh. Returns ``{path: [(run, complete), ...]}``; ``on_run(k, run,
+    complete)`` is called as each measured run ends. A routed run is complete
+    when its windows equal :func:`reference`, a native one when it emitted as many.
     """
-    for _ in range(warm_ups):
-        native(spark, directory, workdir)
-        routed(spark, directory, workdir, workers)
-    want = reference(spark, directory)
-    out: dict[str, list] = {"native": [], "routed": []}
-    for k in range(runs):
-        for run in (native(spark, directory, workdir), routed(spark, directory, workdir, workers)):
-            complete = run.totals == want if run.path == "routed" else run.totals.rows == want.rows
-            out[run.path].append((run, complete))
-            if on_run is not None:
-                on_run(k, run, complete)
+    with cep.Engine.local(workers=workers) as engine:
+        for _ in range(warm_ups):
+            native(spark, directory, workdir)
+            routed(spark, directory, workdir, engine)
+        want = reference(spark, directory)
+        out: dict[str, list] = {"native": [], "routed": []}
+        for k in range(runs):
+            for run in (native(spark, directory, workdir), routed(spark, directory, workdir, engine)):
+                complete = run.totals == want if run.path == "routed" else run.totals.rows == want.rows
+                out[run.path].append((run, complete))
+                if on_run is not None:
+                    on_run(k, run, complete)
     return out
 
 
@@ -177,18 +182,20 @@ def native(spark, directory: Path, workdir: Path) -> PipelineRun:
     return PipelineRun("native", _events(directory), seconds, Totals(rows, -1, -1), cpu=_cpu_since(cpu))
 
 
-def routed(spark, directory: Path, workdir: Path, workers: int = 0, poll_s: float = 0.02) -> PipelineRun:
-    """Spark -> ``format("upmcep")`` -> engine fixwindow -> ``format("upmcep")`` -> Spark (noop).
+def routed(spark, directory: Path, workdir: Path, engine: cep.Engine, poll_s: float = 0.02) -> PipelineRun:
+    """Spark -> ``format("upmcep")`` -> fixwindow on ``engine`` -> ``format("upmcep")`` -> Spark (noop).
 
-    Both Spark queries run at once, as a deployed pipeline would: the reader
-    (a 250 ms processing-time trigger; waiting for data, a trigger every 100 ms
-    took 0.8 CPU s per 10 s, every 500 ms 0.2) is started first and takes windows
-    as the engine emits them. The clock starts with the writing query, once the
+    The query is deployed for the run and undeployed after it. Both Spark
+    queries run at once, as a deployed pipeline would: the reader (a 250 ms
+    processing-time trigger; waiting for data, a trigger every 100 ms took 0.8
+    CPU s per 10 s, every 500 ms 0.2) is started first and takes windows as
+    the engine emits them. The clock starts with the writing query, once the
     reader has run its first trigger, and stops when the reader has read every
     row the engine produced.
     """
-    with cep.Engine.local(workers=workers) as engine:
-        engine.deploy(workloads.query("fixwindow"), parallelism=workloads.parallelism("fixwindow", max(workers, 1)))
+    workers = len(engine.instance_managers())
+    engine.deploy(workloads.query("fixwindow"), parallelism=workloads.parallelism("fixwindow", max(workers, 1)))
+    try:
         engine.outputs["fixwindow"].register("bench")  # keeps every window for the check after the reader's commits
         a = engine.endpoint.address
         records = spark.readStream.schema(SPARK_DDL).parquet(str(directory))
@@ -205,18 +212,20 @@ def routed(spark, directory: Path, workdir: Path, workers: int = 0, poll_s: floa
         t_sink = time.perf_counter()
         engine.end(workloads.STREAM)
         t_end = time.perf_counter()
-        produced = engine.outputs["fixwindow"].rows
+        produced, read = engine.outputs["fixwindow"].rows, _RowsRead(reader)
         deadline = t_end + 600
-        while _rows_read(reader) < produced:
+        while read() < produced:
             if not reader.isActive or time.perf_counter() > deadline:
                 reader.stop()
-                raise RuntimeError(f"the Spark reader read {_rows_read(reader):,} of the engine's {produced:,} rows "
+                raise RuntimeError(f"the Spark reader read {read():,} of the engine's {produced:,} rows "
                                    f"({reader.exception() or 'timed out'})")
             time.sleep(poll_s)
         t_source = time.perf_counter()
         cpu = _cpu_since(cpu)
         reader.stop()
         totals = _engine_totals(engine.collect("fixwindow"))
+    finally:
+        engine.undeploy("fixwindow")
     return PipelineRun("routed", _events(directory), t_source - t, totals,
                        {"sink": t_sink - t, "end": t_end - t_sink, "source": t_source - t_end}, cpu, reader_start)
 
@@ -231,8 +240,19 @@ def _await_first_trigger(q, timeout_s: float = 120.0) -> None:
         time.sleep(0.01)
 
 
-def _rows_read(q) -> int:
-    return sum(p["numInputRows"] for p in q.recentProgress)
+class _RowsRead:
+    """Rows a streaming query has read so far, from its progress entries; the whole list of them is
+    fetched only when its last entry changed (an idle trigger's entry repeats the coming batch's id)."""
+
+    def __init__(self, q):
+        self.q, self.last, self.rows = q, None, 0
+
+    def __call__(self) -> int:
+        last = self.q.lastProgress
+        if last is not None and last["timestamp"] != self.last:
+            self.last = last["timestamp"]
+            self.rows = sum(p["numInputRows"] for p in self.q.recentProgress)
+        return self.rows
 
 
 def _engine_totals(table: pa.Table) -> Totals:

@@ -160,7 +160,8 @@ def _pipeline_lines(runs) -> list[str]:
     out = head + [
         "fixwindow (HiBench's 10 s windows) on the same Parquet files, in the same Spark session: Spark alone, "
         "and Spark writing the records into the engine and reading the windows back (`sparkcep.bench.pipeline`, "
-        "engine in the driver's process, `workers=0`: Spark's tasks take both cores); both warmed by two untimed "
+        "engine in the driver's process, `workers=0`: Spark's tasks take both cores; one engine serves every routed "
+        "run, the query deployed afresh for each); both warmed by two untimed "
         "runs over the same files, "
         f"{_runs(len(runs['native']))} each, alternating; the median run of each path. Each path starts one query "
         "on the clock, the one that reads the files; the routed path's reading query is its standing consumer, "

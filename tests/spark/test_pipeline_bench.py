@@ -1,6 +1,7 @@
 """The Spark-routed pipeline benchmark compares like with like: both paths warmed over the measured
 files, every routed run's windows equal to a batch Spark computation, every native run as many."""
 
+import sparkcep as cep
 from sparkcep.bench import pipeline
 
 
@@ -30,5 +31,7 @@ def test_routed_clock_starts_with_the_reader_up(spark, tmp_path, monkeypatch):
         return real()
 
     monkeypatch.setattr(pipeline, "cpu_seconds", cpu_seconds)
-    run = pipeline.routed(spark, data, tmp_path)
+    with cep.Engine.local() as engine:
+        run = pipeline.routed(spark, data, tmp_path, engine)
+        assert "fixwindow" not in engine.deployments  # undeployed after the run
     assert at_clock[0] == [True] and run.totals.rows > 0
