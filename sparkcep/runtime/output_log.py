@@ -61,20 +61,26 @@ class OutputLog:
     # --- producing -----------------------------------------------------------------
     def append(self, partition: int, batch: pa.RecordBatch) -> None:
         """Add ``batch`` (produced by instance ``partition``) at the end of that partition."""
-        visible = batch.select(self.schema.names)
-        if batch.num_rows:
-            stored = self._stored_batch(batch, visible) if self.retain else None
-            with self._lock:
+        self.extend([(partition, batch)])
+
+    def extend(self, batches: list[tuple[int, pa.RecordBatch]]) -> None:
+        """Add ``(partition, batch)`` pairs, in order, at once: a reader sees all of them or none
+        (the sink adds an epoch's rows so), then hand them to the subscribers."""
+        visible = [(p, b, b.select(self.schema.names)) for p, b in batches if b.num_rows]
+        stored = [self._stored_batch(b, v) if self.retain else None for _, b, v in visible]
+        with self._lock:
+            for (partition, batch, _), kept in zip(visible, stored):
                 part = self._parts.setdefault(partition, _Partition())
-                if stored is not None:
+                if kept is not None:
                     part.starts.append(part.end)
-                    part.batches.append(stored)
+                    part.batches.append(kept)
                 part.end += batch.num_rows
-                if stored is None:
+                if kept is None:
                     part.base = part.end
                 self.rows += batch.num_rows
-        for fn in self.subscribers:
-            fn(visible)
+        for _, _, v in visible:
+            for fn in self.subscribers:
+                fn(v)
 
     def _stored_batch(self, batch: pa.RecordBatch, visible: pa.RecordBatch) -> pa.RecordBatch:
         """The visible fields plus each row's output id: sequence number and id (-1 where there are

@@ -52,18 +52,22 @@ class Sink:
         for epoch in sorted(e for e in self.staged if e <= upto):
             messages = self.staged.pop(epoch)
             if epoch not in self.aborted:
-                for partition, msg in messages:
-                    self._deliver(partition, msg)
+                self._deliver(messages)
         self.aborted = {e for e in self.aborted if e > upto}
         self.published = upto
 
-    def _deliver(self, partition: int, msg: Data) -> None:
+    def _deliver(self, messages: list[tuple[int, Data]]) -> None:
+        """One epoch's rows into the logs, each log taking all of them at once."""
         now = time.monotonic_ns()
-        seq = msg.batch.column(columns.SEQ).to_numpy()
-        for out in self.layout.output_names(msg.port):
-            record_latency(self.latency.setdefault(out, Histogram()), self.clock, seq, now)
-            self.rows[out] = self.rows.get(out, 0) + msg.batch.num_rows
-            self.logs[out].append(partition, msg.batch)
+        per_log: dict[str, list] = {}
+        for partition, msg in messages:
+            seq = msg.batch.column(columns.SEQ).to_numpy()
+            for out in self.layout.output_names(msg.port):
+                record_latency(self.latency.setdefault(out, Histogram()), self.clock, seq, now)
+                self.rows[out] = self.rows.get(out, 0) + msg.batch.num_rows
+                per_log.setdefault(out, []).append((partition, msg.batch))
+        for out, batches in per_log.items():
+            self.logs[out].extend(batches)
 
     @property
     def done_epoch(self) -> int:

@@ -81,3 +81,25 @@ def test_reads_with_output_ids_and_seq_only_as_before():
     assert b.to_pydict() == {"v": [0, 1], "__seq": [-1, -1], "__id": [-1, -1]}
     assert [x.schema.names for x in log.read(0, 1, 5, seq=True)] == [["v", "__seq"]] * 2
     assert log.table().schema == SCHEMA
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_reader_sees_a_send_s_rows_all_at_once(workers):
+    """One send whose rows leave in several batches: whenever a subscriber gets one of them, a reader
+    of the log (the Spark source asking for the latest positions) already sees every row of the send."""
+    import sparkcep as cep
+
+    q = cep.Query("wide")
+    s = q.stream("s", "k int64, pad string")
+    q.output("o", s.map(k="k", pad="pad"))
+    seen = []
+    with cep.Engine.local(workers=workers) as e:
+        e.deploy(q, parallelism=max(workers, 1))
+        log = e.outputs["o"]
+        e.subscribe("o", lambda batch: seen.append((batch.num_rows, sum(log.latest().values()))))
+        pieces = [pa.record_batch({"k": pa.array(np.arange(k, k + 20_000)), "pad": ["x" * 64] * 20_000})
+                  for k in range(0, 60_000, 20_000)]
+        e.send("s", pa.Table.from_batches(pieces))
+        e.end("s")
+    assert len(seen) > 1 and sum(n for n, _ in seen) == 60_000
+    assert {total for _, total in seen} == {60_000}
