@@ -166,7 +166,7 @@ def _pipeline_lines(runs) -> list[str]:
         f"{_runs(len(runs['native']))} each, alternating; the median run of each path. Each path starts one query "
         "on the clock, the one that reads the files; the routed path's reading query is its standing consumer, "
         "started before the clock (the time it took: reader start). Stages of the routed path: "
-        "sink (Spark -> engine), end of input, source (engine -> Spark). CPU: seconds of CPU the run took in "
+        "sink (Spark -> engine), source (engine -> Spark). CPU: seconds of CPU the run took in "
         "Spark's processes and in the engine's (on a shared machine they vary far less than wall time). "
         "Complete: every run's windows equal a batch Spark computation over the same files (native: as many "
         "windows).",

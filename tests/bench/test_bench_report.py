@@ -51,7 +51,7 @@ def test_the_report_lists_every_workload_with_ratios_and_sample_counts(tmp_path)
                 results.append(result("spark", w, False, t * 1e6))
             results.append(result("spark", w, True, 4.9e4, 120 if windowed else None))
     pipeline = {"native": [(PipelineRun("native", 10.0), True)],
-                "routed": [(PipelineRun("routed", 4.0, stages={"sink": 2.0, "end": 0.5, "source": 1.5},
+                "routed": [(PipelineRun("routed", 4.0, stages={"sink": 2.0, "source": 2.0},
                                        reader_start=1.25), True)]}
     args = SimpleNamespace(workers=2, events=None, repeat=3, latency_rate=50_000.0, ips=100_000, seed=0)
     path = tmp_path / "benchmarks.md"
@@ -65,7 +65,7 @@ def test_the_report_lists_every_workload_with_ratios_and_sample_counts(tmp_path)
     assert "| q7 | sparkcep | 50,000 | 1,234 | 1.00 | 2.00 | 3.00 | 4.00 | 5.00 | 6.00 |" in text
     assert "| q5 | spark | 120 | 1.00 |" in text and "| fixwindow | sparkcep | 250 |" in text
     assert "fixwindow 100 ms; q5 100 ms sliding by 20 ms" in text
-    assert ("| routed | 2,000,000 | 4.00 | 500,000 | 2.50x | sink 2.00, end 0.50, source 1.50; reader start 1.25 | "
+    assert ("| routed | 2,000,000 | 4.00 | 500,000 | 2.50x | sink 2.00, source 2.00; reader start 1.25 | "
             "spark 20.0, "
             "engine 5.5 | yes |") in text
     report.write(path, results, args, None)
