@@ -6,10 +6,11 @@
 Both paths read the same Parquet files in one local[2] Spark session, each
 warmed by two untimed runs over them; the measured runs alternate native and
 routed. The routed path's reading query is its standing consumer: it is
-started before the clock, and the time it took is printed beside the run. The routed results must be complete: the engine's windows equal a
-batch Spark computation of fixwindow over the same files (rows, sum of
-counts, sum of first keys), and the Spark reader read every one of them; the
-native run must emit as many windows. What is timed and how:
+started before the clock, and the time it took is printed beside the run.
+The routed results must be complete: the engine's windows equal a batch
+Spark computation of fixwindow over the same files (rows, sum of counts, sum
+of first keys), and the Spark reader read every one of them; the native run
+must emit as many windows. What is timed and how:
 :mod:`sparkcep.bench.pipeline`.
 """
 
