@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from sparkcep import auth
+from sparkcep.arguments import checked
 from sparkcep.core import columns
 from sparkcep.core.ingest import check_event_times, to_batches
 from sparkcep.core.operators import WM_NONE
@@ -37,6 +38,7 @@ class Engine:
     callbacks run on the engine's collector thread.
     """
 
+    @checked(EngineError)
     def __init__(self, workers: int = 0, instance_managers=(), token: str | None = None, topology=None,
                  ring_bytes: int | None = None):
         if not isinstance(workers, int) or isinstance(workers, bool) or workers < 0:
@@ -65,6 +67,7 @@ class Engine:
                 self.cluster.spawn(workers)
 
     @classmethod
+    @checked(EngineError)
     def local(cls, workers: int = 0, instance_managers=(), token: str | None = None, topology=None,
               ring_bytes: int | None = None, listen: str = "127.0.0.1:0") -> "Engine":
         """An engine on this machine.
@@ -137,6 +140,7 @@ class Engine:
             self.cluster.close()
 
     # --- queries -----------------------------------------------------------------
+    @checked(QueryError)
     def deploy(self, query: Query, parallelism=1, bins: int = 128, retain: bool = True) -> Deployment:
         """Plan and start ``query``; ``parallelism``: an int or ``{operator name: instances}``.
 

@@ -8,6 +8,7 @@ number), never by arrival order.
 
 from __future__ import annotations
 
+from sparkcep.arguments import checked
 from sparkcep.errors import SchemaError
 from sparkcep.query.expressions import NUMERIC
 from sparkcep.schema import Schema
@@ -35,36 +36,43 @@ class AggFunc:
         return f"{self.kind}({self.field!r})" if self.field else f"{self.kind}()"
 
 
+@checked()
 def count(field: str | None = None) -> AggFunc:
     """Number of tuples (or of non-null values of ``field``)."""
     return AggFunc("count", field)
 
 
+@checked()
 def sum(field: str) -> AggFunc:  # noqa: A001 - the name users expect
     """Sum of the non-null values."""
     return AggFunc("sum", field)
 
 
+@checked()
 def avg(field: str) -> AggFunc:
     """Mean of the non-null values."""
     return AggFunc("avg", field)
 
 
+@checked()
 def min(field: str) -> AggFunc:  # noqa: A001
     """Smallest non-null value (strings compare bytewise)."""
     return AggFunc("min", field)
 
 
+@checked()
 def max(field: str) -> AggFunc:  # noqa: A001
     """Largest non-null value (strings compare bytewise)."""
     return AggFunc("max", field)
 
 
+@checked()
 def first(field: str) -> AggFunc:
     """Non-null value of the earliest tuple by (event time, sequence number)."""
     return AggFunc("first", field)
 
 
+@checked()
 def last(field: str) -> AggFunc:
     """Non-null value of the latest tuple by (event time, sequence number)."""
     return AggFunc("last", field)

@@ -12,6 +12,7 @@ from typing import Callable
 
 import pyarrow as pa
 
+from sparkcep.arguments import checked, closest, unknown
 from sparkcep.errors import QueryError, SchemaError
 from sparkcep.query.aggregates import AggFunc
 from sparkcep.query.expressions import Col, Expr, col
@@ -305,6 +306,7 @@ class Stream:
     def name(self) -> str:
         return self.op.name
 
+    @checked()
     def filter(self, condition: Expr, name: str | None = None) -> "Stream":
         """Keep the tuples where ``condition`` is true (null counts as false)."""
         return Stream(Filter(self.op.query, self.op, condition, name))
@@ -317,6 +319,7 @@ class Stream:
             raise QueryError(f"map() field {sorted(clash)[0]!r} is given twice, in the dict and as a keyword")
         return Stream(Map(self.op.query, self.op, {**(fields or {}), **more}, name))
 
+    @checked()
     def demux(self, *conditions: Expr, name: str | None = None) -> tuple["Stream", ...]:
         """One stream per condition; a tuple goes to every branch whose condition holds."""
         if not conditions:
@@ -325,10 +328,12 @@ class Stream:
         return tuple(Stream(Filter(self.op.query, self.op, c, f"{base}[{i}]", label=f"demux[{i}]"))
                      for i, c in enumerate(conditions))
 
+    @checked()
     def union(self, *others: "Stream", name: str | None = None) -> "Stream":
         """All tuples of this stream and ``others`` (same schema required)."""
         return Stream(Union(self.op.query, [self.op] + [o.op for o in _streams(others, self)], name))
 
+    @checked()
     def apply(self, fn: Callable, schema=None, name: str | None = None) -> "Stream":
         """A user's stateless operator: ``fn(batch) -> batch`` (``schema``: its output schema).
 
@@ -346,6 +351,9 @@ class Stream:
         ``late="name"`` (time windows): the tuples that came after their window
         fired are kept in the output stream ``name``, as they came in.
         """
+        for key, fn in funcs.items():  # a keyword that is no function: maybe a misspelled argument
+            if not isinstance(fn, AggFunc) and closest(key, AGGREGATE_ARGS):
+                raise unknown("aggregate", key, AGGREGATE_ARGS)
         query = self.op.query
         agg = Aggregate(query, self.op, window, by, funcs, name)
         if late is not None:
@@ -354,18 +362,23 @@ class Stream:
             rows.stream = late
         return Stream(agg)
 
+    @checked()
     def join(self, other: "Stream", window: TimeWindow, on=None, where: Expr | None = None,
              name: str | None = None) -> "Stream":
         """Windowed join: pairs sharing a window instance whose keys are equal and ``where`` holds."""
         (other,) = _streams([other], self)
         return Stream(Join(self.op.query, self.op, other.op, window, on, where, name))
 
+    @checked()
     def stateful(self, op: StatefulOperator, by=(), name: str | None = None) -> "Stream":
         """A user's stateful operator, its state kept per bin of ``by``."""
         return Stream(Custom(self.op.query, self.op, op, by, name))
 
     def __repr__(self):
         return f"Stream({self.name!r}, {self.schema})"
+
+
+AGGREGATE_ARGS = ("window", "by", "name", "late")
 
 
 def _streams(others, me: Stream) -> list[Stream]:

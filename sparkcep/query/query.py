@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 
+from sparkcep.arguments import checked
 from sparkcep.errors import QueryError, SchemaError
 from sparkcep.query.operators import Operator, Source, Stream, Union
 from sparkcep.query.windows import duration_us
@@ -29,6 +30,7 @@ class Query:
         self._counter = itertools.count(1)
         self._names: set[str] = set()
 
+    @checked()
     def stream(self, name: str, schema, time: str | None = None, max_ahead="7d") -> Stream:
         """Declare input stream ``name``; its event time is ``time`` or its first timestamp field.
 
@@ -48,6 +50,7 @@ class Query:
         self.sources[name] = src
         return Stream(src)
 
+    @checked()
     def output(self, name: str, stream: Stream) -> None:
         """Publish ``stream`` as the output stream ``name`` (read with Engine.collect/subscribe)."""
         if not isinstance(stream, Stream) or stream.op.query is not self:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 
+from sparkcep.arguments import checked
 from sparkcep.errors import QueryError
 
 _UNITS_US = {"us": 1, "ms": 1_000, "s": 1_000_000, "m": 60_000_000, "min": 60_000_000,
@@ -44,6 +45,7 @@ class TimeWindow:
     10000000
     """
 
+    @checked()
     def __init__(self, size, advance=None, lateness=0):
         self.size_us = duration_us(size, "window size")
         self.advance_us = self.size_us if advance is None else duration_us(advance, "window advance")
@@ -71,6 +73,7 @@ class TupleWindow:
     ``[k*advance, k*advance + size)``; only full windows are emitted.
     """
 
+    @checked()
     def __init__(self, size: int, advance: int | None = None):
         self.size = size
         self.advance = size if advance is None else advance

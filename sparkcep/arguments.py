@@ -1,0 +1,52 @@
+"""Keyword arguments of the public API: a misspelled one is refused by name, with the closest valid one.
+
+Python's own ``TypeError`` ("unexpected keyword argument") names no
+alternative and escapes the engine's error root; :func:`checked` turns it
+into the layer's error with code ``UNKNOWN_ARGUMENT``. Functions taking
+``**kwargs`` (``aggregate(..., n=cep.count())``) call :func:`unknown`
+themselves for a keyword that is none of theirs.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import inspect
+
+from sparkcep.errors import QueryError
+
+CODE = "UNKNOWN_ARGUMENT"
+
+
+def closest(given: str, valid) -> str | None:
+    """The name in ``valid`` that ``given`` most likely misspells, if any."""
+    close = difflib.get_close_matches(given, list(valid), n=1, cutoff=0.5)
+    return close[0] if close else None
+
+
+def unknown(function: str, given: str, valid, error=QueryError):
+    """The error for keyword ``given`` of ``function``, which takes the keywords ``valid``."""
+    near = closest(given, valid)
+    hint = f" (did you mean {near!r}?)" if near else ""
+    return error(f"{function}() got an unknown argument {given!r}{hint}; its arguments: {', '.join(sorted(valid))}",
+                 CODE)
+
+
+def checked(error=QueryError):
+    """Decorate a public function or ``__init__`` without ``**kwargs``: an unknown keyword raises
+    ``error`` (code UNKNOWN_ARGUMENT)."""
+    def wrap(fn):
+        params = inspect.signature(fn).parameters.values()
+        assert all(p.kind is not p.VAR_KEYWORD for p in params), fn
+        valid = frozenset(p.name for p in params if p.name not in ("self", "cls") and
+                          p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+        name = fn.__qualname__.removesuffix(".__init__")
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            for key in kwargs:
+                if key not in valid:
+                    raise unknown(name, key, valid, error)
+            return fn(*args, **kwargs)
+        return call
+    return wrap

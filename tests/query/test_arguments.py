@@ -1,0 +1,56 @@
+"""A misspelled keyword of the public API is refused by name, with the closest valid one."""
+
+import pytest
+
+import sparkcep as cep
+from sparkcep.errors import EngineError, QueryError
+
+
+@pytest.fixture
+def s():
+    return cep.Query("q").stream("s", "ip string, ts timestamp, v int64")
+
+
+CASES = [
+    ("aggregate", lambda s: s.aggregate(cep.TimeWindow("10s"), byy=["ip"], n=cep.count()), "byy", "by"),
+    ("aggregate late", lambda s: s.aggregate(cep.TimeWindow("10s"), by="ip", lat="x", n=cep.count()), "lat", "late"),
+    ("aggregate name", lambda s: s.aggregate(cep.TimeWindow("10s"), nme="a", n=cep.count()), "nme", "name"),
+    ("join", lambda s: s.join(s, cep.TimeWindow("1s"), onn="ip"), "onn", "on"),
+    ("join where", lambda s: s.join(s, cep.TimeWindow("1s"), on="ip", wher=cep.col("v_left") > 1), "wher", "where"),
+    ("filter", lambda s: s.filter(cep.col("v") > 1, nam="x"), "nam", "name"),
+    ("stateful", lambda s: s.stateful(None, byy="ip"), "byy", "by"),
+    ("TimeWindow", lambda s: cep.TimeWindow("10s", advanc="5s"), "advanc", "advance"),
+    ("TimeWindow lateness", lambda s: cep.TimeWindow("10s", latenes="1s"), "latenes", "lateness"),
+    ("TupleWindow", lambda s: cep.TupleWindow(3, advnce=1), "advnce", "advance"),
+    ("stream", lambda s: s.op.query.stream("t", "a int64, ts timestamp", tim="ts"), "tim", "time"),
+    ("stream max_ahead", lambda s: s.op.query.stream("t", "a int64, ts timestamp", max_ahed="1d"), "max_ahed",
+     "max_ahead"),
+    ("count", lambda s: cep.count(feild="v"), "feild", "field"),
+]
+
+
+@pytest.mark.parametrize("what, call, given, meant", CASES, ids=[c[0] for c in CASES])
+def test_a_misspelled_keyword_is_refused_naming_the_closest_valid_one(s, what, call, given, meant):
+    with pytest.raises(QueryError) as e:
+        call(s)
+    assert e.value.code == "UNKNOWN_ARGUMENT"
+    assert f"unknown argument {given!r}" in str(e.value) and f"did you mean {meant!r}" in str(e.value)
+
+
+def test_engine_and_deploy_keywords():
+    with pytest.raises(EngineError) as e:
+        cep.Engine.local(worker=2)
+    assert e.value.code == "UNKNOWN_ARGUMENT" and "'workers'" in str(e.value)
+    q = cep.Query("q")
+    q.output("o", q.stream("s", "ip string, ts timestamp").filter(cep.col("ip") == "a"))
+    with cep.Engine.local() as engine:
+        with pytest.raises(QueryError) as e:
+            engine.deploy(q, paralelism=2)
+        assert e.value.code == "UNKNOWN_ARGUMENT" and "did you mean 'parallelism'" in str(e.value)
+        assert not engine.deployments  # nothing half-applied
+
+
+def test_function_outputs_named_freely_stay_valid(s):
+    """An output field named like no argument is still a function's output name."""
+    out = s.aggregate(cep.TimeWindow("10s"), by="ip", total=cep.sum("v"), bytes=cep.count())
+    assert out.schema.names == ["window_start", "window_end", "ip", "total", "bytes"]
