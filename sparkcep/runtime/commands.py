@@ -18,6 +18,8 @@ import socket
 import struct
 from dataclasses import dataclass, field
 
+import cloudpickle  # user functions defined in __main__ or as lambdas
+
 from sparkcep.errors import EngineError
 from sparkcep.runtime.layout import Endpoint
 from sparkcep.runtime.wiring import ChannelPlan
@@ -25,10 +27,6 @@ from sparkcep.runtime.wiring import ChannelPlan
 FRAME = struct.Struct("<I")
 RECORD_LIMIT = 256 << 20  # bytes of a control record (a query with large user functions fits)
 
-try:
-    import cloudpickle as _pickler  # user functions defined in __main__ or as lambdas
-except ImportError:  # pragma: no cover
-    _pickler = pickle
 
 
 class ControlError(EngineError):
@@ -126,7 +124,7 @@ class Failed:
 def pickled(query) -> bytes:
     """The query as a Deploy carries it; EngineError PICKLE when a user function cannot be sent."""
     try:
-        return _pickler.dumps(query)
+        return cloudpickle.dumps(query)
     except Exception as e:
         raise EngineError(f"query {query.name!r} cannot be sent to the instance managers: {e}; "
                           "functions given to apply()/stateful() must be picklable", "PICKLE") from None
