@@ -12,3 +12,6 @@ python3 -m pip install -q --disable-pip-version-check -e ".[test]"
 # Byte-compile the package: Spark starts fresh Python processes that import it, and where
 # PYTHONDONTWRITEBYTECODE is set each of them would otherwise compile it from source again.
 python3 -m compileall -q sparkcep pyspark_upmcep >/dev/null
+# Compile every kernel the engine uses into numba's cache now: the first run on this machine is
+# then as fast as the next ones (cold, each instance manager would compile them for a minute or more).
+python3 -m sparkcep warm-up

@@ -40,7 +40,10 @@ from sparkcep.runtime.wiring import host_key
 
 log = logging.getLogger("sparkcep")
 
-START_TIMEOUT_S = 120.0
+FIRST_WORD_S = 60.0  # a started worker says what it does within this long (Python's imports, on a busy machine)
+STALL_S = 10.0  # then it is stuck when it says nothing for this long
+START_LIMIT_S = 900.0  # and one still starting after this long (compiling every kernel takes 1-2 min)
+TELL_EVERY_S = 5.0  # how often the engine says what it waits for while workers start
 REPLY_TIMEOUT_S = 30.0
 PEER_GRACE_S = 1.0         # a channel's dead peer waits this long for its instance manager's death to be known
 ENGINE_HOST = "127.0.0.1"  # the engine's own host key is that of a process serving on loopback
@@ -103,10 +106,10 @@ class Cluster:
         slots = [Slot(len(self.ims) + s.index, s.cpu, s.node) for s in im_slots(self.machine, n)]
         procs = [(slot, start_worker(f"im-{slot.index}", slot.cpu, f"{ENGINE_HOST}:0", self.token_file))
                  for slot in slots]
-        deadline = time.monotonic() + START_TIMEOUT_S
         try:
-            for slot, proc in procs:
-                info = ready_line(proc, f"instance manager im-{slot.index} (cpu {slot.cpu})", deadline)
+            infos = wait_ready([Starting(proc, f"instance manager im-{slot.index} (cpu {slot.cpu})")
+                                for slot, proc in procs])
+            for (slot, proc), info in zip(procs, infos):
                 self._link(info["address"], proc, slot)
         except BaseException:
             for _, proc in procs:
@@ -438,7 +441,7 @@ def start_worker(name: str, cpu: int, listen: str, token_file: str) -> subproces
 
     It imports what this process imports (the same sparkcep, and the modules
     of the query's functions), gets SIGTERM when this process dies, and
-    prints its READY line on the pipe :func:`ready_line` reads. The engine and
+    prints its READY line on the pipe :func:`wait_ready` reads. The engine and
     the Spark executor launcher start their instance managers so.
     """
     root = os.path.dirname(os.path.dirname(sparkcep.__file__))
@@ -459,27 +462,73 @@ def _die_with_parent() -> None:
         pass
 
 
-def ready_line(proc: subprocess.Popen, what: str, deadline: float) -> dict:
-    """The description a started instance manager prints on its READY line."""
-    out = proc.stdout
-    line = b""
-    while not line.endswith(b"\n"):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            proc.kill()
-            raise EngineError(f"{what} did not start in time", "WORKER_START")
-        ready, _, _ = select.select([out], [], [], min(left, 0.5))
-        if ready:
-            chunk = os.read(out.fileno(), 4096)
-            if not chunk:
-                code = proc.wait(5)
-                raise EngineError(f"{what} exited at start with code {code} (its error is above)", "WORKER_START")
-            line += chunk
-    text = line.decode(errors="replace").strip().splitlines()[-1]
-    if text.startswith("FAILED "):
-        proc.wait(5)
-        raise EngineError(f"{what} failed to start: {text[len('FAILED '):]}", "WORKER_START")
-    if not text.startswith("READY "):
-        proc.kill()
-        raise EngineError(f"{what} printed {text!r} instead of its READY line", "WORKER_START")
-    return json.loads(text[len("READY "):])
+@dataclass
+class Starting:
+    """A worker process this process started, until it printed its READY line."""
+
+    process: subprocess.Popen
+    what: str  # how errors and waits name it: "instance manager im-0 (cpu 0)"
+    doing: str = "starting"  # what it said last
+    heard: float | None = None  # when it said it
+    buf: bytes = b""
+    info: dict | None = None  # its READY description
+
+
+def wait_ready(starting: list[Starting], tell=log.warning) -> list[dict]:
+    """The READY descriptions of ``starting`` workers, in order.
+
+    A starting worker prints a ``STARTING <what it does>`` line every second
+    (:func:`~sparkcep.runtime.warmup.heartbeat`): it is waited for as long as
+    it does, and ``tell(message)`` says what for when that takes a while (numba
+    compiling kernels on a machine's first run). One that exits or prints
+    ``FAILED`` is named at once; one silent for ``STALL_S`` (``FIRST_WORD_S``
+    before its first line) or still starting after ``START_LIMIT_S`` is killed
+    and named (EngineError ``WORKER_START`` / ``WORKER_STUCK``); the caller
+    stops the others.
+    """
+    t0 = told = time.monotonic()
+    while True:
+        waiting = [s for s in starting if s.info is None]
+        if not waiting:
+            return [s.info for s in starting]
+        now = time.monotonic()
+        for s in waiting:
+            silent = now - (t0 if s.heard is None else s.heard)
+            if silent > (FIRST_WORD_S if s.heard is None else STALL_S):
+                s.process.kill()
+                raise EngineError(f"{s.what} said nothing for {silent:.0f} s while {s.doing}: it is stuck "
+                                  f"(pid {s.process.pid})", "WORKER_STUCK")
+            if now - t0 > START_LIMIT_S:
+                s.process.kill()
+                raise EngineError(f"{s.what} did not start within {START_LIMIT_S:.0f} s ({s.doing})", "WORKER_START")
+        if now - told > TELL_EVERY_S:
+            told = now
+            tell("waiting for %s to start: %s (numba compiles the engine's kernels on a machine's first run; "
+                 "`sparkcep warm-up`, which the install runs, leaves them in its cache)",
+                 ", ".join(s.what for s in waiting), "; ".join(sorted({s.doing for s in waiting})))
+        ready, _, _ = select.select([s.process.stdout for s in waiting], [], [], 0.2)
+        for s in waiting:
+            if s.process.stdout in ready:
+                _hear(s)
+
+
+def _hear(s: Starting) -> None:
+    chunk = os.read(s.process.stdout.fileno(), 4096)
+    if not chunk:
+        code = s.process.wait(5)
+        raise EngineError(f"{s.what} exited at start with code {code} (its error is above)", "WORKER_START")
+    s.buf += chunk
+    *lines, s.buf = s.buf.split(b"\n")
+    for raw in lines:
+        text = raw.decode(errors="replace").strip()
+        s.heard = time.monotonic()
+        if text.startswith("STARTING "):
+            s.doing = text[len("STARTING "):]
+        elif text.startswith("READY "):
+            s.info = json.loads(text[len("READY "):])
+        elif text.startswith("FAILED "):
+            s.process.wait(5)
+            raise EngineError(f"{s.what} failed to start: {text[len('FAILED '):]}", "WORKER_START")
+        elif text:
+            s.process.kill()
+            raise EngineError(f"{s.what} printed {text!r} instead of its READY line", "WORKER_START")

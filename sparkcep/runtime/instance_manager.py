@@ -50,7 +50,7 @@ from sparkcep.runtime.layout import Endpoint, Layout
 from sparkcep.runtime.metrics import EpochClock
 from sparkcep.runtime.process import GCPauses, keep_freed_memory
 from sparkcep.runtime.topology import Topology, pin, prefer_node
-from sparkcep.runtime.warmup import warm_up
+from sparkcep.runtime.warmup import heartbeat, warm_up
 from sparkcep.runtime.wiring import ChannelEnds, host_key, host_runners
 
 log = logging.getLogger("sparkcep")
@@ -372,7 +372,8 @@ def run(args) -> int:
         node = Topology.load(args.topology).node_of(cpus[0])
         prefer_node(node)
         keep_freed_memory()
-        warm_up()  # compiles or loads numba's cache before the first batch
+        with heartbeat(lambda text: print(f"STARTING {text}", flush=True)) as progress:
+            warm_up(progress)  # compiles or loads numba's cache before the first batch
         # numba, pyarrow and numpy leave ~150K long-lived objects; a full collection scanning them
         # stops this process for ~100 ms. Frozen, they are never scanned (a deployment adds hundreds).
         gc.freeze()

@@ -2,20 +2,35 @@
 
 An instance manager calls :func:`warm_up` before it says it is ready, so it
 answers its first batch at once instead of compiling for seconds (all of
-them at the same time); with numba's cache warm it takes about a second.
+them at the same time). With numba's cache warm it takes about a second;
+cold, a minute or two on 2 cores, which is why the install runs
+``sparkcep warm-up`` once: it leaves every kernel in the cache, so the first
+run on a machine is as fast as the next ones.
+
+While it runs, a starting worker tells the engine what it is doing
+(:func:`heartbeat`), so the engine can wait for a worker that is busy
+compiling and still name one that is stuck or dead within seconds.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import sys
 import threading
+import time
+from contextlib import contextmanager
 
 _done = False
 _lock = threading.Lock()
+HEARTBEAT_S = 1.0  # a starting worker says it is alive this often
+PHASE = "warming up kernels"  # what a starting worker says it does meanwhile
 
 
-def warm_up() -> None:
-    """Run a tiny query over every kernel family once in this process (idempotent)."""
+def warm_up(progress=None) -> None:
+    """Run a tiny query over every kernel family once in this process (idempotent).
+
+    ``progress(step, steps)`` is called before each of its steps.
+    """
     global _done
     with _lock:
         if _done:
@@ -50,13 +65,63 @@ def warm_up() -> None:
         many = {"k": [f"key-{i}" for i in range(200)], "g": list(range(200)), "v": list(range(200)),
                 "x": [0.5] * 200, "ts": [t0] * 200}  # enough keys to grow the tables: rebuilds compile too
         dep = Deployment("warm#1", q, parallelism=2, bins=4)
-        seq = 0
+        seq, step, steps = 0, 0, 8
         for stream in ("__warm_l", "__warm_r"):
             src = q.sources[stream]
             for data in (rows, many, rows):
+                step += 1
+                if progress is not None:
+                    progress(step, steps)
                 batch = to_batch(stream, src.schema, data, src.time_field)
                 dep.push(stream, stamp(batch, seq, src.time_field, dep.sources[stream].max_ts))
                 seq += batch.num_rows
                 dep.progress(seq - 1)
+            step += 1
+            if progress is not None:
+                progress(step, steps)
             dep.end(stream, seq - 1)
         _done = True
+
+
+@contextmanager
+def heartbeat(say):
+    """While the block runs, ``say(line)`` every :data:`HEARTBEAT_S` from a thread of its own: the
+    phase, its step and the seconds spent. ``say`` also gets the line of each new step at once.
+
+    Yields ``progress(step, steps)`` to hand to :func:`warm_up`. The thread keeps ticking while
+    numba compiles (LLVM runs without the GIL), so silence means the process is frozen.
+    """
+    start, state, stop = time.monotonic(), {"step": "", "new": True}, threading.Event()
+    lock = threading.Lock()
+
+    def line() -> str:
+        return f"{PHASE} {state['step']} {time.monotonic() - start:.0f}s".replace("  ", " ")
+
+    def progress(step: int, steps: int) -> None:
+        with lock:
+            state["step"] = f"step {step}/{steps}"
+            say(line())
+
+    def tick() -> None:
+        while not stop.wait(HEARTBEAT_S):
+            with lock:
+                say(line())
+    thread = threading.Thread(target=tick, name="sparkcep-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield progress
+    finally:
+        stop.set()
+        thread.join()
+
+
+def add_arguments(parser) -> None:
+    """``sparkcep warm-up`` takes no arguments."""
+
+
+def run(args) -> int:
+    """Body of ``sparkcep warm-up``: fill numba's cache with every kernel the engine uses."""
+    t0 = time.monotonic()
+    warm_up(lambda step, steps: print(f"sparkcep warm-up: step {step}/{steps}", file=sys.stderr, flush=True))
+    print(f"sparkcep warm-up: the engine's kernels are in numba's cache ({time.monotonic() - t0:.1f} s)", flush=True)
+    return 0

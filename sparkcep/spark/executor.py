@@ -52,7 +52,7 @@ from pathlib import Path
 from sparkcep import auth
 from sparkcep.control.client import EngineClient, resolve
 from sparkcep.errors import EngineError, SparkcepError
-from sparkcep.runtime.cluster import START_TIMEOUT_S, ready_line, start_worker
+from sparkcep.runtime.cluster import REPLY_TIMEOUT_S, Starting, start_worker, wait_ready
 
 log = logging.getLogger("sparkcep.spark.executor")
 
@@ -221,7 +221,7 @@ class Launcher:
             self._failed(f"instance manager {old.name}: {e} [{e.code}]")
 
     def _register(self, target: Target, workers: list[Worker]) -> None:
-        with EngineClient(target.address, timeout=START_TIMEOUT_S, token=target.token) as client:
+        with EngineClient(target.address, timeout=REPLY_TIMEOUT_S, token=target.token) as client:
             for w in workers:
                 client.register_im(w.address)
 
@@ -234,10 +234,10 @@ class Launcher:
         return Worker(name, cpu, listen, start_worker(name, cpu, listen, str(self.token_path)))
 
     def _wait_ready(self, workers: list[Worker]) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        for w in workers:
-            w.address = ready_line(w.process, f"instance manager {w.name} (cpu {w.cpu}, {w.listen})",
-                                   deadline)["address"]
+        infos = wait_ready([Starting(w.process, f"instance manager {w.name} (cpu {w.cpu}, {w.listen})")
+                            for w in workers], tell=log.info)
+        for w, info in zip(workers, infos):
+            w.address = info["address"]
 
     def _stop_workers(self) -> None:
         _stop(self.workers)

@@ -2,7 +2,6 @@
 the same query gives the rows of the in-process run through the network channel; a killed one fails its
 deployment at once; nothing without the token gets in."""
 
-import json
 import os
 import random
 import signal
@@ -21,6 +20,7 @@ from reference import assert_same_rows
 from runtime_harness import run_on
 from sparkcep import auth
 from sparkcep.runtime.channels import hello
+from sparkcep.runtime.cluster import Starting, wait_ready
 
 HOSTS = ["127.0.0.2", "127.0.0.3"]
 
@@ -31,9 +31,8 @@ def start_worker(ip: str, name: str, token_file, cpu: int) -> tuple[subprocess.P
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, *sys.path]))
     p = subprocess.Popen([sys.executable, "-m", "sparkcep", "worker", "--listen", f"{ip}:0", "--cpus", str(cpu),
                           "--name", name, "--token-file", str(token_file)], stdout=subprocess.PIPE, env=env)
-    line = p.stdout.readline().decode()
-    assert line.startswith("READY "), line
-    return p, json.loads(line[len("READY "):])["address"]
+    (info,) = wait_ready([Starting(p, name)])
+    return p, info["address"]
 
 
 @pytest.fixture(scope="module")

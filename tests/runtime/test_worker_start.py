@@ -1,0 +1,69 @@
+"""Starting workers: one still compiling kernels is waited for, one stuck or dead is named within seconds."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+import sparkcep as cep
+from sparkcep import auth
+from sparkcep.runtime import cluster
+from sparkcep.runtime.cluster import Starting, wait_ready
+
+
+def fake(script: str) -> subprocess.Popen:
+    """A process that speaks a starting worker's stdout protocol as ``script`` says."""
+    return subprocess.Popen([sys.executable, "-c", "import sys, time\n" + script], stdout=subprocess.PIPE)
+
+
+def test_a_worker_compiling_kernels_says_so_every_second(tmp_path):
+    """With numba's cache cold the warm-up compiles for a minute or more; the worker says it is alive meanwhile."""
+    token = auth.write(tmp_path / "token", auth.generate())
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cold-cache"))
+    p = subprocess.Popen([sys.executable, "-m", "sparkcep", "worker", "--token-file", str(token), "--once"],
+                         stdout=subprocess.PIPE, env=env)
+    try:
+        s = Starting(p, "im-cold")
+        lines, deadline = [], time.monotonic() + 20
+        while time.monotonic() < deadline and len(lines) < 5:
+            cluster._hear(s)
+            if s.heard is not None and s.doing not in lines:
+                lines.append(s.doing)
+        assert s.info is None, "the cold warm-up ended early: the cache was not cold"
+        assert len(lines) >= 5 and all(line.startswith("warming up kernels") for line in lines), lines
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_a_worker_that_keeps_talking_is_waited_for_past_the_stall_limit(monkeypatch):
+    monkeypatch.setattr(cluster, "STALL_S", 1.0)
+    p = fake("for i in range(8):\n    print(f'STARTING warming up kernels step {i}/8', flush=True); time.sleep(0.4)\n"
+             "print('READY {\"address\": \"127.0.0.1:1\"}', flush=True)")
+    told = []
+    (info,) = wait_ready([Starting(p, "instance manager im-slow")], tell=lambda *a: told.append(a))
+    assert info == {"address": "127.0.0.1:1"}
+    p.wait(5)
+
+
+def test_a_silent_worker_is_named_as_stuck_within_seconds(monkeypatch):
+    monkeypatch.setattr(cluster, "STALL_S", 1.5)
+    p = fake("print('STARTING warming up kernels step 2/8', flush=True); time.sleep(60)")
+    t0 = time.monotonic()
+    with pytest.raises(cep.EngineError) as e:
+        wait_ready([Starting(p, "instance manager im-7 (cpu 1)")], tell=lambda *a: None)
+    assert e.value.code == "WORKER_STUCK"
+    assert "im-7 (cpu 1)" in str(e.value) and "step 2/8" in str(e.value)
+    assert time.monotonic() - t0 < 4
+    assert p.wait(5) != 0  # killed
+
+
+def test_a_worker_that_dies_at_start_is_named_at_once():
+    p = fake("print('STARTING warming up kernels', flush=True); sys.exit(3)")
+    t0 = time.monotonic()
+    with pytest.raises(cep.EngineError) as e:
+        wait_ready([Starting(p, "instance manager im-3 (cpu 0)")], tell=lambda *a: None)
+    assert e.value.code == "WORKER_START" and "im-3 (cpu 0)" in str(e.value) and "code 3" in str(e.value)
+    assert time.monotonic() - t0 < 3
