@@ -13,7 +13,7 @@
 ``maxRecordsPerTrigger``  at most this many rows per micro-batch, spread over partitions
 ``rowsPerPartition``   at most this many rows per Spark task (default 1,000,000); a range is
                        split in equal parts
-``includeMetadata``    ``true`` (default): add ``_partition``, ``_offset`` and ``_seq``
+``includeMetadata``    ``true``: add ``_partition``, ``_offset`` and ``_seq`` (default ``false``)
 ``consumer``           name under which reads are committed (default ``spark``); rows
                        are released once every consumer of an output passed them
 ``metricsInterval``    seconds between two ``$metrics`` samples (default 1)
@@ -67,7 +67,7 @@ class SourceOptions:
     starting: str | dict[int, int] = "earliest"
     max_records: int | None = None
     rows_per_partition: int = 1_000_000
-    metadata: bool = True
+    metadata: bool = False
     consumer: str = "spark"
     metrics_interval: float = 1.0
     given: frozenset[str] = frozenset()  # the options set, by their canonical names
@@ -88,7 +88,7 @@ class SourceOptions:
                    starting=_starting(opts.get("startingoffsets", "earliest")),
                    max_records=_positive(opts, "maxRecordsPerTrigger", None),
                    rows_per_partition=_positive(opts, "rowsPerPartition", 1_000_000),
-                   metadata=_bool(opts, "includeMetadata", True),
+                   metadata=_bool(opts, "includeMetadata", False),
                    consumer=opts.get("consumer") or "spark",
                    metrics_interval=_float(opts, "metricsInterval", 1.0),
                    given=frozenset(_NAMES[k] for k in opts))

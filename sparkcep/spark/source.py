@@ -56,7 +56,7 @@ class UpmcepDataSource(DataSource):
         return self._info
 
     def schema(self):
-        """The output's fields as a Spark schema, plus ``_partition``, ``_offset``, ``_seq``.
+        """The output's fields as a Spark schema (with ``includeMetadata``: ``_partition``, ``_offset``, ``_seq``).
 
         Asked by ``load()`` without a user schema, and only by reads (Spark's
         write paths pass the DataFrame's schema), so reading an input stream

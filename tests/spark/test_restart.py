@@ -33,7 +33,7 @@ def test_source_restart_from_checkpoint_every_row_once(spark, engine, tmp_path):
 
     def start(trigger):
         df = (spark.readStream.format("upmcep").option("engine", address).option("stream", "all")
-              .option("maxRecordsPerTrigger", 1000).load())
+              .option("maxRecordsPerTrigger", 1000).option("includeMetadata", "true").load())
         return df.writeStream.format("parquet").option("path", out).option("checkpointLocation", ck) \
             .trigger(**trigger).start()
 

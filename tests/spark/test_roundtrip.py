@@ -25,7 +25,8 @@ def test_sink_query_source_equals_in_process_engine(spark, engine, tmp_path):
     engine.end("connections")
 
     # engine output -> Spark, streaming, into a memory table
-    per_ip = spark.readStream.format("upmcep").option("engine", address).option("stream", "per_ip").load()
+    per_ip = spark.readStream.format("upmcep").option("engine", address).option("stream", "per_ip") \
+        .option("includeMetadata", "true").load()
     q = (per_ip.writeStream.format("memory").queryName("roundtrip_per_ip")
          .option("checkpointLocation", str(tmp_path / "ck-out")).trigger(availableNow=True).start())
     q.awaitTermination(120)

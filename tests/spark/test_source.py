@@ -23,6 +23,17 @@ def test_unknown_stream_fails_at_load_with_code(spark, engine):
         spark.readStream.format("upmcep").option("engine", engine.endpoint.address).option("stream", "nope").load()
 
 
+def test_metadata_columns_only_when_asked(spark, engine):
+    engine.deploy(demo_query())
+    engine.send("connections", connections(20))
+    a = engine.endpoint.address
+    assert spark.read.format("upmcep").option("engine", a).load("all").columns == COLS
+    assert spark.readStream.format("upmcep").option("engine", a).load("all").columns == COLS
+    meta = spark.read.format("upmcep").option("engine", a).option("includeMetadata", "true").load("all")
+    assert meta.columns == COLS + ["_partition", "_offset", "_seq"]
+    assert sorted(r["_offset"] for r in meta.collect()) == list(range(20))
+
+
 def test_unreachable_engine_fails_at_load(spark, engine):
     engine.deploy(demo_query())
     host, port = engine.endpoint.address.split(":")
@@ -96,7 +107,7 @@ def test_batch_write_and_starting_offsets_latest(spark, engine, tmp_path):
     a = engine.endpoint.address
     engine.send("connections", connections(100))
     stream = (spark.readStream.format("upmcep").option("engine", a).option("stream", "all")
-              .option("startingOffsets", "latest").load())
+              .option("startingOffsets", "latest").option("includeMetadata", "true").load())
     q = stream.writeStream.format("memory").queryName("latest_rows") \
         .option("checkpointLocation", str(tmp_path / "ck")).start()
     try:
