@@ -139,8 +139,9 @@ class _Reader:
             fields["interval"] = self.opts.metrics_interval
         return call(self.target, lambda c: c.offsets(self.opts.stream, **fields))
 
-    def read(self, partition: LogRange):
-        return read_range(partition, self.schema, self.opts.metadata)
+    def read(self, partition):
+        """Spark reads a batch query that planned no range (an output without rows yet) as one empty partition."""
+        return read_range(partition, self.schema, self.opts.metadata) if isinstance(partition, LogRange) else iter(())
 
 
 class BatchReader(_Reader, DataSourceReader):

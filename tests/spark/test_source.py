@@ -1,4 +1,4 @@
-"""The upmcep source: clear errors at load(), options, $metrics."""
+"""The upmcep source: clear errors at load(), options, batch reads, $metrics."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import pytest
 from chispa import assert_df_equality
 from spark_harness import connections, demo_query, spark_df, wait_for
 from pyspark.errors import AnalysisException
+from pyspark.sql import types as T
 
 COLS = ["ip", "ts", "bytes"]
 
@@ -21,6 +22,26 @@ def test_unknown_stream_fails_at_load_with_code(spark, engine):
     engine.deploy(demo_query())
     with pytest.raises(AnalysisException, match=r"\[UPMCEP_UNKNOWN_STREAM\].*'nope'.*outputs: \['all'"):
         spark.readStream.format("upmcep").option("engine", engine.endpoint.address).option("stream", "nope").load()
+
+
+def test_batch_read_of_unknown_output_fails_at_load_as_streaming(spark, engine):
+    engine.deploy(demo_query())
+    with pytest.raises(AnalysisException, match=r"\[UPMCEP_UNKNOWN_STREAM\].*'nope'.*outputs: \['all', 'big', "
+                                                r"'per_ip', '\$metrics'\]"):
+        spark.read.format("upmcep").option("engine", engine.endpoint.address).load("nope")
+
+
+def test_batch_read_of_output_without_rows_is_empty_with_its_schema(spark, engine):
+    """Spark plans a batch read of no range as one partition of no rows (it failed: AttributeError)."""
+    engine.deploy(demo_query())
+    df = spark.read.format("upmcep").option("engine", engine.endpoint.address).load("per_ip")
+    assert df.count() == 0 and df.collect() == []
+    ts, long_ = T.TimestampType(), T.LongType()
+    assert [(f.name, f.dataType) for f in df.schema.fields] == [
+        ("window_start", ts), ("window_end", ts), ("ip", T.StringType()), ("n", long_), ("total", long_),
+        ("first", ts)]
+    assert spark.read.format("upmcep").option("engine", engine.endpoint.address) \
+        .option("includeMetadata", "true").load("per_ip").columns[-3:] == ["_partition", "_offset", "_seq"]
 
 
 def test_metadata_columns_only_when_asked(spark, engine):
