@@ -14,8 +14,9 @@
 ``rowsPerPartition``   at most this many rows per Spark task (default 1,000,000); a range is
                        split in equal parts
 ``includeMetadata``    ``true``: add ``_partition``, ``_offset`` and ``_seq`` (default ``false``)
-``consumer``           name under which reads are committed (default ``spark``); rows
-                       are released once every consumer of an output passed them
+``consumer``           name under which reads are committed; default: the streaming query's
+                       own, kept in its offsets (so in its checkpoint). Rows are released once
+                       every consumer of an output passed them
 ``metricsInterval``    seconds between two ``$metrics`` samples (default 1)
 =====================  ==================================================================
 
@@ -68,7 +69,7 @@ class SourceOptions:
     max_records: int | None = None
     rows_per_partition: int = 1_000_000
     metadata: bool = False
-    consumer: str = "spark"
+    consumer: str | None = None  # None: the streaming query's own
     metrics_interval: float = 1.0
     given: frozenset[str] = frozenset()  # the options set, by their canonical names
 
@@ -89,7 +90,7 @@ class SourceOptions:
                    max_records=_positive(opts, "maxRecordsPerTrigger", None),
                    rows_per_partition=_positive(opts, "rowsPerPartition", 1_000_000),
                    metadata=_bool(opts, "includeMetadata", False),
-                   consumer=opts.get("consumer") or "spark",
+                   consumer=opts.get("consumer") or None,
                    metrics_interval=_float(opts, "metricsInterval", 1.0),
                    given=frozenset(_NAMES[k] for k in opts))
 

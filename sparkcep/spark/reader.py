@@ -1,15 +1,17 @@
 """Reading engine outputs into Spark: batch and streaming readers over the output log.
 
-Offsets are ``{"engine": run id, "deployment": id, "positions": {"<partition>": position}}``:
-per output partition, the position (row count since that partition's first
-row) up to which rows are included, and the engine run and deployment those
-positions belong to. A micro-batch reads ``[start, end)`` of each partition;
-rows stay in the engine until :meth:`StreamReader.commit`, so a query
-restarted from its checkpoint re-reads exactly the ranges it had planned
-but not committed. Offsets of another engine run or deployment (the engine
-restarted, the query was deployed again) and positions the engine no longer
-retains are refused by the engine (``OFFSET_ENGINE``, ``OFFSET_DEPLOYMENT``,
-``OFFSET_RELEASED``, ``OFFSET_RANGE``): never clamped, never skipped.
+Offsets are ``{"engine": run id, "deployment": id, "consumer": name, "positions":
+{"<partition>": position}}``: per output partition, the position (row count
+since that partition's first row) up to which rows are included, the engine
+run and deployment those positions belong to, and the consumer the query
+commits as. A micro-batch reads ``[start, end)`` of each partition; rows
+stay in the engine until :meth:`StreamReader.commit`, so a query restarted
+from its checkpoint (which holds its offsets, consumer included) re-reads
+exactly the ranges it had planned but not committed. Offsets of another
+engine run or deployment (the engine restarted, the query was deployed
+again) and positions the engine no longer retains are refused by the engine
+(``OFFSET_ENGINE``, ``OFFSET_DEPLOYMENT``, ``OFFSET_RELEASED``,
+``OFFSET_RANGE``): never clamped, never skipped.
 
 Planning (``initialOffset``, ``latestOffset``, ``partitions``, ``commit``)
 runs in Spark's driver-side Python process on one long-lived reader;
@@ -19,6 +21,7 @@ gets everything it needs from its :class:`LogRange`.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 
 import numpy as np
@@ -92,17 +95,18 @@ def spark_batches(table: pa.Table) -> list[pa.RecordBatch]:
     return batches
 
 
-def offset_of(state: dict, positions: dict[int, int]) -> dict:
-    """The Spark offset of ``positions`` in the run and deployment of ``state``."""
-    return {"engine": state["engine"], "deployment": state["deployment"],
+def offset_of(state: dict, positions: dict[int, int], consumer: str | None) -> dict:
+    """The Spark offset of ``positions`` in the run and deployment of ``state``, read by ``consumer``."""
+    return {"engine": state["engine"], "deployment": state["deployment"], "consumer": consumer,
             "positions": {str(p): int(positions[p]) for p in sorted(positions)}}
 
 
 def positions_of(offset: dict, stream: str) -> dict[int, int]:
-    """The positions of a Spark offset; ``OFFSET_FORMAT`` for an offset without its engine run and deployment."""
-    if not isinstance(offset, dict) or not {"engine", "deployment", "positions"} <= offset.keys():
-        raise SparkSourceError(f"offset {offset!r} of stream {stream!r} does not name its engine run and "
-                               "deployment (a checkpoint written by an earlier sparkcep?); start the query with "
+    """The positions of a Spark offset; ``OFFSET_FORMAT`` for an offset without its engine run, deployment
+    and consumer."""
+    if not isinstance(offset, dict) or not {"engine", "deployment", "consumer", "positions"} <= offset.keys():
+        raise SparkSourceError(f"offset {offset!r} of stream {stream!r} does not name its engine run, deployment "
+                               "and consumer (a checkpoint written by an earlier sparkcep?); start the query with "
                                "a new checkpointLocation", "OFFSET_FORMAT")
     return {int(p): int(v) for p, v in offset["positions"].items()}
 
@@ -156,31 +160,49 @@ class BatchReader(_Reader, DataSourceReader):
 class StreamReader(_Reader, DataSourceStreamReader, SupportsTriggerAvailableNow):
     """``spark.readStream.format("upmcep")``: the output as it grows; see the module docstring.
 
-    Created when the query starts (Spark builds it before asking for any
-    offset): it registers its consumer at once, so no other consumer's commit
-    releases rows it has not read yet.
+    Created when the query starts, before Spark asks for any offset. Each
+    query commits as a consumer of its own unless the ``consumer`` option
+    names one to share: a new query makes its consumer in
+    :meth:`initialOffset`, a query restarted from its checkpoint takes the
+    one its offsets name. A consumer is registered before the query reads,
+    so no other consumer's commit releases rows it has not read yet.
     """
 
     def __init__(self, target: Target, opts: SourceOptions, schema):
         super().__init__(target, opts, schema)
         self._cap: dict[int, int] | None = None
-        call(target, lambda c: c.register(opts.stream, opts.consumer))
+        self.consumer = opts.consumer
+        if self.consumer:
+            self._register()
+
+    def _register(self) -> None:
+        call(self.target, lambda c: c.register(self.opts.stream, self.consumer))
+
+    def _resume(self, offset: dict) -> None:
+        """A restarted query commits as the consumer of its checkpointed offsets (unless the option names one)."""
+        if self.consumer is None:
+            positions_of(offset, self.opts.stream)
+            self.consumer = offset["consumer"]
 
     def initialOffset(self) -> dict:
         """Called once for a query without a checkpoint: where ``startingOffsets`` says to begin."""
+        if self.consumer is None:
+            self.consumer = f"spark-{uuid.uuid4().hex[:16]}"
+            self._register()
         s = self.opts.starting
         if isinstance(s, dict):
             state = self._state()
             state = self._state(positions={**state["earliest"], **s})
-            return offset_of(state, {**state["earliest"], **s})
+            return offset_of(state, {**state["earliest"], **s}, self.consumer)
         state = self._state()
-        return offset_of(state, state[s])
+        return offset_of(state, state[s], self.consumer)
 
     def getDefaultReadLimit(self):
         return ReadMaxRows(self.opts.max_records) if self.opts.max_records else ReadAllAvailable()
 
     def latestOffset(self, start: dict, limit=None) -> dict:
         """Called before each micro-batch: the end of the next one, within ``limit``."""
+        self._resume(start)
         state = self._state(start)  # refused if start is of another run/deployment or no longer retained
         begin = positions_of(start, self.opts.stream)
         latest = {**begin, **state["latest"]}
@@ -188,11 +210,11 @@ class StreamReader(_Reader, DataSourceStreamReader, SupportsTriggerAvailableNow)
             latest = {p: max(min(v, self._cap.get(p, 0)), begin.get(p, 0)) for p, v in latest.items()}
         if isinstance(limit, ReadMaxRows):
             latest = spread(begin, latest, limit.max_rows)
-        return offset_of(state, latest)
+        return offset_of(state, latest, self.consumer)
 
     def reportLatestOffset(self):
         state = self._state()
-        return offset_of(state, state["latest"])
+        return offset_of(state, state["latest"], self.consumer)
 
     def prepareForTriggerAvailableNow(self) -> None:
         """``trigger(availableNow=True)``: read up to what is there now, then stop."""
@@ -200,6 +222,7 @@ class StreamReader(_Reader, DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def partitions(self, start: dict, end: dict):
         """The tasks of one micro-batch; both offsets are checked by the engine first."""
+        self._resume(start)
         self._state(start)
         state = self._state(end)
         return plan_ranges(self.target, self.opts.stream, state, positions_of(start, self.opts.stream),
@@ -207,8 +230,9 @@ class StreamReader(_Reader, DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def commit(self, end: dict) -> None:
         """Spark finished every row before ``end``: the engine may release them (for this consumer)."""
+        self._resume(end)
         positions = positions_of(end, self.opts.stream)
-        call(self.target, lambda c: c.commit(self.opts.stream, positions, self.opts.consumer, engine=end["engine"],
+        call(self.target, lambda c: c.commit(self.opts.stream, positions, self.consumer, engine=end["engine"],
                                              deployment=end["deployment"]))
 
     def stop(self) -> None:

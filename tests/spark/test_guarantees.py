@@ -6,19 +6,23 @@
 * a micro-batch with one failing partition leaves no trace;
 * a query restarted from its checkpoint against another engine run or
   another deployment of its output fails, naming both;
-* a streaming reader registers its consumer when the query starts;
+* a streaming reader registers its consumer when the query starts, and
+  each query reads as its own consumer unless told to share one;
 * a mistaken sink fails before any row is written.
 """
 
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from chispa import assert_df_equality
 from pyspark.errors import StreamingQueryException
-from spark_harness import SPARK_DDL, T0, connections, demo_query, write_files
+from spark_harness import SPARK_DDL, T0, connections, demo_query, spark_df, write_files
 
 import sparkcep as cep
 from sparkcep.spark.connection import Target
@@ -26,6 +30,7 @@ from sparkcep.spark.options import SourceOptions
 from sparkcep.spark.reader import StreamReader
 
 S = 1_000_000
+COLS = ["ip", "ts", "bytes"]
 
 
 def _tumbling() -> cep.Query:
@@ -141,6 +146,56 @@ def test_stream_reader_registers_its_consumer_when_created(engine):
     StreamReader(Target(engine.endpoint.address), opts, None)
     engine.outputs["all"].commit({0: 30}, "other")
     assert engine.collect("all").num_rows == 30
+
+
+def test_each_stream_reader_is_its_own_consumer_and_keeps_it_across_a_restart(engine):
+    """Default options: one reader's commit releases no row another has not read; a reader restarted from its
+    checkpointed offset commits as the consumer that offset names."""
+    engine.deploy(demo_query())
+    engine.send("connections", connections(30))
+    target, opts = Target(engine.endpoint.address), SourceOptions.parse({"stream": "all"})
+    a, b = StreamReader(target, opts, None), StreamReader(target, opts, None)
+    start_a, start_b = a.initialOffset(), b.initialOffset()
+    assert start_a["consumer"] != start_b["consumer"]
+    a.commit(a.latestOffset(start_a))
+    assert engine.collect("all").num_rows == 30  # b has read nothing
+    restarted = StreamReader(target, opts, None)  # b, restarted from its checkpoint
+    restarted.commit(restarted.latestOffset(start_b))
+    assert engine.collect("all").num_rows == 0  # every consumer passed every row: no other consumer was made
+
+
+def test_two_queries_with_default_options_each_read_every_row(spark, engine, tmp_path):
+    """Query B is held in its first micro-batch while query A reads everything and commits; B then reads on
+    (with one consumer shared by default, A's commits released B's rows: B failed with OFFSET_RELEASED)."""
+    engine.deploy(demo_query(), parallelism=2)
+    sent = connections(1000)
+    engine.send("connections", sent)
+    a = engine.endpoint.address
+    held, go = threading.Event(), threading.Event()
+    b_out = str(tmp_path / "b")
+
+    def hold_first(batch, batch_id):  # runs in this process, on B's query thread
+        batch.write.mode("append").parquet(b_out)
+        held.set()
+        go.wait(180)
+
+    def source():
+        return spark.readStream.format("upmcep").option("engine", a).option("stream", "all") \
+            .option("maxRecordsPerTrigger", 200).load()
+
+    qb = source().writeStream.foreachBatch(hold_first).option("checkpointLocation", str(tmp_path / "ck-b")) \
+        .trigger(availableNow=True).start()
+    try:
+        assert held.wait(180), "query B did not run its first micro-batch"
+        _run_to_end(source().writeStream.format("memory").queryName("every_row_a")
+                    .option("checkpointLocation", str(tmp_path / "ck-a")).trigger(availableNow=True).start())
+        assert sum(engine.outputs["all"].earliest().values()) == 0  # B holds every row it has not read
+    finally:
+        go.set()
+    _run_to_end(qb)
+    want = spark_df(spark, sent, COLS)
+    assert_df_equality(spark.table("every_row_a"), want, ignore_row_order=True, ignore_nullable=True)
+    assert_df_equality(spark.read.parquet(b_out).select(*COLS), want, ignore_row_order=True, ignore_nullable=True)
 
 
 def test_sink_mistakes_fail_the_query_before_any_row_is_written(spark, engine, tmp_path):
