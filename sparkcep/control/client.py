@@ -124,9 +124,12 @@ class EngineClient:
         """``{"inputs": {name: fields}, "outputs": {name: fields}}`` of the deployed queries."""
         return self.request("streams")[0]
 
-    def schema(self, stream: str) -> dict:
-        """``{"kind": "input"|"output"|"metrics", "fields": {name: type}, "time_field"}``; UnknownStreamError."""
-        return self.request("schema", stream=stream)[0]
+    def schema(self, stream: str, form: str | None = None) -> dict:
+        """``{"kind": "input"|"output"|"metrics", "fields": {name: type}, "time_field"}``; UnknownStreamError.
+
+        ``form``: of ``$metrics``, ``long`` (default) or ``wide`` (see :mod:`sparkcep.control.endpoint`).
+        """
+        return self.request("schema", stream=stream, **_drop_none({"form": form}))[0]
 
     def send(self, stream: str, data: pa.Table | pa.RecordBatch) -> int:
         """Send ``data`` into input ``stream`` as one engine send; returns the rows taken.
@@ -177,7 +180,8 @@ class EngineClient:
 
         ``identity`` (``engine``, ``deployment``, ``positions``) is checked by
         the engine: positions of another run or deployment, or no longer
-        retained, are refused.
+        retained, are refused. Every request about positions (this one,
+        ``read``, ``register``, ``commit``) of ``$metrics`` may name its ``form``.
         """
         h = self.request("offsets", stream=stream, **_drop_none(identity))[0]
         h["earliest"] = {int(p): v for p, v in h["earliest"].items()}

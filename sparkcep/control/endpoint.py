@@ -42,9 +42,14 @@ Requests about output positions (``offsets``, ``read``, ``register``,
 to (``engine``, ``deployment``): positions of another run or deployment are
 refused with ``OFFSET_ENGINE`` / ``OFFSET_DEPLOYMENT``, never applied.
 
-The stream ``$metrics`` is a log of metric samples, one row per metric
-(``time, name, value``), sampled when a reader asks for its offsets and the
-last sample is older than :attr:`Endpoint.metrics_interval` seconds.
+The stream ``$metrics`` is a log of metric samples (the dotted names of
+:meth:`Endpoint.snapshot`'s numbers), sampled when a reader asks for its
+offsets and the last sample is older than :attr:`Endpoint.metrics_interval`
+seconds (or the request's ``interval``). Its requests may name a ``form``:
+``long`` (default), one row per metric and sample (``time, name, value``);
+``wide``, one row per sample (``time, names, values``: two lists), whose
+``schema`` is ``time`` and one ``float64`` field per metric reported now.
+Each form is a log of its own, sampled when its readers ask.
 """
 
 from __future__ import annotations
@@ -71,6 +76,8 @@ from sparkcep.schema import type_name
 
 METRICS = "$metrics"
 METRICS_SCHEMA = pa.schema([("time", pa.timestamp("us")), ("name", pa.string()), ("value", pa.float64())])
+SAMPLES_SCHEMA = pa.schema([("time", pa.timestamp("us")), ("names", pa.list_(pa.string())),
+                           ("values", pa.list_(pa.float64()))])  # $metrics in the wide form
 VERSION = 2
 
 log = logging.getLogger(__name__)
@@ -83,9 +90,9 @@ class Endpoint:
         self.engine = engine
         self.lock = threading.RLock()
         self.staging = Staging()
-        self.metrics_log = OutputLog(METRICS_SCHEMA, METRICS)
+        self.metrics_logs = {"long": OutputLog(METRICS_SCHEMA, METRICS), "wide": OutputLog(SAMPLES_SCHEMA, METRICS)}
         self.metrics_interval = 1.0
-        self._last_sample = 0.0
+        self._last_sample = dict.fromkeys(self.metrics_logs, 0.0)
         self.counters = {"requests": 0, "rows_in": 0, "rows_out": 0, "unauthenticated": 0, "bad_frames": 0,
                          "batch_commits": 0, "committed_partitions": 0, "duplicate_batches": 0}
         self._refused_hosts: set[str] = set()
@@ -197,7 +204,7 @@ class Endpoint:
         """The log of output ``h["stream"]``, checked against the run and deployment ``h`` names."""
         stream = h["stream"]
         if stream == METRICS:
-            log_ = self.metrics_log
+            log_ = self.metrics_logs[_form(h)]
         else:
             log_ = self.engine.outputs.get(stream)
             if log_ is None:
@@ -236,8 +243,10 @@ class Endpoint:
         stream = h["stream"]
         with self.lock:
             if stream == METRICS:
-                return {"kind": "metrics", "fields": _fields(METRICS_SCHEMA), "time_field": "time",
-                        "retained": True}, b""
+                fields = _fields(METRICS_SCHEMA)
+                if _form(h) == "wide":
+                    fields = {"time": "timestamp", **{name: "float64" for name, _ in _flatten(self.snapshot())}}
+                return {"kind": "metrics", "fields": fields, "time_field": "time", "retained": True}, b""
             if stream in self.engine.outputs:
                 log_ = self.engine.outputs[stream]
                 return {"kind": "output", "fields": _fields(log_.schema), "time_field": None,
@@ -298,8 +307,8 @@ class Endpoint:
 
     def _op_offsets(self, h, _):
         log_ = self._output_log(h)
-        if log_ is self.metrics_log:
-            self._sample_metrics(h.get("interval"))
+        if h["stream"] == METRICS:
+            self._sample_metrics(_form(h), h.get("interval"))
         earliest, latest = log_.earliest(), log_.latest()
         if h.get("positions") is not None:
             _check_positions(h["stream"], {int(p): int(v) for p, v in h["positions"].items()}, earliest, latest)
@@ -346,18 +355,18 @@ class Endpoint:
                                  retained_rows=sum(log_.retained for log_ in self.engine.outputs.values()))
         return m
 
-    def _sample_metrics(self, interval=None) -> None:
+    def _sample_metrics(self, form: str, interval=None) -> None:
+        """Append a sample to the ``form`` log of ``$metrics`` unless its last is under ``interval`` s old."""
         now = time.time()
         with self.lock:
-            if now - self._last_sample < (self.metrics_interval if interval is None else float(interval)):
+            if now - self._last_sample[form] < (self.metrics_interval if interval is None else float(interval)):
                 return
-            self._last_sample = now
-            rows = list(_flatten(self.snapshot()))
-        n = len(rows)
-        self.metrics_log.append(0, pa.RecordBatch.from_arrays(
-            [pa.array(np.full(n, int(now * 1e6), np.int64)).cast(pa.timestamp("us")),
-             pa.array([r[0] for r in rows], pa.string()), pa.array([r[1] for r in rows], pa.float64())],
-            schema=METRICS_SCHEMA))
+            self._last_sample[form] = now
+            names, values = zip(*_flatten(self.snapshot()))
+        stamp, log_ = int(now * 1e6), self.metrics_logs[form]
+        rows = {"time": [stamp] * len(names), "name": names, "value": values} if form == "long" else \
+            {"time": [stamp], "names": [names], "values": [values]}
+        log_.append(0, pa.RecordBatch.from_pydict(rows, schema=log_.schema))
 
 
 def start_endpoint(engine, listen: str = "127.0.0.1:0", publish: bool = True) -> Endpoint:
@@ -367,6 +376,14 @@ def start_endpoint(engine, listen: str = "127.0.0.1:0", publish: bool = True) ->
     if not sep or not host or not port.isdigit():
         raise EngineError(f"listen={listen!r}: expected host:port, e.g. '127.0.0.1:0'", "OPTION")
     return Endpoint(engine, host, int(port), publish=publish)
+
+
+def _form(h: dict) -> str:
+    """The form of ``$metrics`` a request asks for; ``OPTION`` unless long or wide."""
+    form = h.get("form") or "long"
+    if form not in ("long", "wide"):
+        raise InputError(f"form={form!r} of stream {METRICS}: expected 'long' or 'wide'", "OPTION")
+    return form
 
 
 def _reply_error(conn: socket.socket, e: SparkcepError) -> None:

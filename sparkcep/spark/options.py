@@ -8,6 +8,9 @@
                        this machine writes under ``$SPARKCEP_HOME``, else ``$SPARKCEP_TOKEN_FILE``
 ``stream``             the engine stream: an output (read) or an input (write); ``load(name)``
                        and ``save(name)`` work too. ``$metrics`` reads the metric samples
+``form``               ``$metrics`` only: ``long`` (default: ``time, name, value``, a row per
+                       metric and sample) or ``wide`` (``time`` and a column per metric the
+                       engine reports at ``load()``, a row per sample)
 ``startingOffsets``    ``earliest`` (default: every retained row), ``latest``, or JSON
                        ``{"partition": position}``; a checkpoint overrides it
 ``maxRecordsPerTrigger``  at most this many rows per micro-batch, spread over partitions
@@ -36,9 +39,11 @@ from sparkcep.errors import SparkcepError
 
 COMMON = ("stream", "engine", "tokenFile")
 READ_ONLY = ("startingOffsets", "maxRecordsPerTrigger", "rowsPerPartition", "includeMetadata", "consumer",
-             "metricsInterval")
+             "metricsInterval", "form")
 FROM_SPARK = ("path", "checkpointLocation", "queryName")  # what Spark itself passes to a Python data source
 _NAMES = {n.lower(): n for n in COMMON + READ_ONLY + FROM_SPARK}
+METRICS = "$metrics"
+FORMS = ("long", "wide")  # of $metrics
 
 
 class SparkSourceError(SparkcepError):
@@ -71,6 +76,7 @@ class SourceOptions:
     metadata: bool = False
     consumer: str | None = None  # None: the streaming query's own
     metrics_interval: float = 1.0
+    form: str | None = None  # of $metrics: long or wide (None: long)
     given: frozenset[str] = frozenset()  # the options set, by their canonical names
 
     @classmethod
@@ -85,6 +91,8 @@ class SourceOptions:
         if not stream:
             raise SparkSourceError("option 'stream' is required: .option('stream', '<engine stream name>')",
                                    "OPTION")
+        if "form" in opts and stream != METRICS:
+            raise SparkSourceError(f"option form applies to stream {METRICS} only, not {stream!r}", "OPTION")
         return cls(engine=opts.get("engine") or None, stream=stream, token_file=opts.get("tokenfile") or None,
                    starting=_starting(opts.get("startingoffsets", "earliest")),
                    max_records=_positive(opts, "maxRecordsPerTrigger", None),
@@ -92,6 +100,7 @@ class SourceOptions:
                    metadata=_bool(opts, "includeMetadata", False),
                    consumer=opts.get("consumer") or None,
                    metrics_interval=_float(opts, "metricsInterval", 1.0),
+                   form=_choice(opts, "form", FORMS),
                    given=frozenset(_NAMES[k] for k in opts))
 
     def check_writable(self) -> None:
@@ -102,9 +111,20 @@ class SourceOptions:
                                    f"{', '.join(COMMON)}", "OPTION")
 
 
-def _suggest(key: str) -> str:
-    close = difflib.get_close_matches(key, list(_NAMES), n=1, cutoff=0.6)
-    return f" (did you mean {_NAMES[close[0]]}?)" if close else ""
+def _suggest(key: str, names: dict[str, str] = _NAMES) -> str:
+    close = difflib.get_close_matches(key, list(names), n=1, cutoff=0.6)
+    return f" (did you mean {names[close[0]]}?)" if close else ""
+
+
+def _choice(opts: dict, name: str, values: tuple[str, ...]) -> str | None:
+    key = name.lower()
+    if key not in opts:
+        return None
+    v = str(opts[key]).strip().lower()
+    if v not in values:
+        raise SparkSourceError(f"option {name}={opts[key]!r}: expected {' or '.join(values)}"
+                               f"{_suggest(v, {x: x for x in values})}", "OPTION")
+    return v
 
 
 def _starting(value: str):

@@ -30,16 +30,19 @@ from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, Inp
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
 
 from sparkcep.spark.connection import Target, call
-from sparkcep.spark.options import SourceOptions, SparkSourceError
+from sparkcep.spark.options import METRICS, SourceOptions, SparkSourceError
+from sparkcep.spark.types import METADATA
 
 MAX_BATCH_ROWS = 1 << 18  # rows per Arrow batch handed to Spark when small ones are joined
 SMALL_BATCH_ROWS = 1 << 13  # a range whose batches hold fewer rows than this on average is joined
-METRICS = "$metrics"
 
 
 @dataclass
 class LogRange(InputPartition):
-    """Rows ``[start, end)`` of partition ``partition`` of output ``stream`` of one deployment: one Spark task."""
+    """Rows ``[start, end)`` of partition ``partition`` of output ``stream`` of one deployment: one Spark task.
+
+    ``form``: of ``$metrics``, ``long`` or ``wide`` (None: long).
+    """
 
     target: Target
     stream: str
@@ -48,17 +51,19 @@ class LogRange(InputPartition):
     partition: int
     start: int
     end: int
+    form: str | None = None
 
 
-def plan_ranges(target: Target, stream: str, state: dict, start: dict[int, int], end: dict[int, int],
-                rows_per_task: int) -> list[LogRange]:
-    """The tasks reading from ``start`` to ``end``: each partition's range in equal parts of at most ``rows_per_task``."""
+def plan_ranges(target: Target, opts: SourceOptions, state: dict, start: dict[int, int],
+                end: dict[int, int]) -> list[LogRange]:
+    """The tasks reading from ``start`` to ``end``: each partition's range in equal parts of at most
+    ``opts.rows_per_partition``."""
     out = []
     for p in sorted(end):
         s, e = start.get(p, 0), end[p]
-        parts = -(-(e - s) // rows_per_task)
+        parts = -(-(e - s) // opts.rows_per_partition)
         bounds = [s + (e - s) * k // parts for k in range(parts + 1)] if parts > 0 else []
-        out += [LogRange(target, stream, state["engine"], state["deployment"], p, lo, hi)
+        out += [LogRange(target, opts.stream, state["engine"], state["deployment"], p, lo, hi, opts.form)
                 for lo, hi in zip(bounds, bounds[1:])]
     return out
 
@@ -69,20 +74,29 @@ def read_range(r: LogRange, schema, metadata: bool):
 
     target = to_arrow_schema(schema, timezone="UTC")
     table = call(r.target, lambda c: c.read(r.stream, r.partition, r.start, r.end, engine=r.engine,
-                                            deployment=r.deployment))
+                                            deployment=r.deployment, form=r.form))
     if table.num_rows != r.end - r.start:
         raise SparkSourceError(f"stream {r.stream!r} partition {r.partition}: asked rows [{r.start}, {r.end}), "
                                f"got {table.num_rows}", "SHORT_READ")
+    metrics = [n for n in schema.names[1:] if n not in METADATA] if r.form == "wide" else None
     offset = r.start
     for b in spark_batches(table):
         n = b.num_rows
-        cols = [b.column(i) for i in range(b.num_columns - 1)]  # the visible fields; __seq is last
+        cols = b.columns[:-1] if metrics is None else wide(b, metrics)  # the visible fields; __seq is last
         if metadata:
             cols += [pa.array(np.full(n, r.partition, np.int32)),
                      pa.array(np.arange(offset, offset + n, dtype=np.int64)), b.column(b.num_columns - 1)]
         yield pa.RecordBatch.from_arrays([c if c.type == f.type else c.cast(f.type) for c, f in zip(cols, target)],
                                          schema=target)
         offset += n
+
+
+def wide(samples: pa.RecordBatch, metrics: list[str]) -> list[pa.Array]:
+    """Metric samples (``time, names, values``) as ``time`` and a column per metric of ``metrics``,
+    null where a sample lacks it."""
+    names, values = samples.column("names").to_pylist(), samples.column("values").to_pylist()
+    rows = [dict(zip(n, v)) for n, v in zip(names, values)]
+    return [samples.column("time")] + [pa.array([r.get(m) for r in rows], pa.float64()) for m in metrics]
 
 
 def spark_batches(table: pa.Table) -> list[pa.RecordBatch]:
@@ -141,7 +155,7 @@ class _Reader:
             fields["positions"] = {str(p): int(v) for p, v in positions.items()}
         if self.opts.stream == METRICS:
             fields["interval"] = self.opts.metrics_interval
-        return call(self.target, lambda c: c.offsets(self.opts.stream, **fields))
+        return call(self.target, lambda c: c.offsets(self.opts.stream, form=self.opts.form, **fields))
 
     def read(self, partition):
         """Spark reads a batch query that planned no range (an output without rows yet) as one empty partition."""
@@ -153,8 +167,7 @@ class BatchReader(_Reader, DataSourceReader):
 
     def partitions(self):
         state = self._state()
-        return plan_ranges(self.target, self.opts.stream, state, state["earliest"], state["latest"],
-                           self.opts.rows_per_partition)
+        return plan_ranges(self.target, self.opts, state, state["earliest"], state["latest"])
 
 
 class StreamReader(_Reader, DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -176,7 +189,7 @@ class StreamReader(_Reader, DataSourceStreamReader, SupportsTriggerAvailableNow)
             self._register()
 
     def _register(self) -> None:
-        call(self.target, lambda c: c.register(self.opts.stream, self.consumer))
+        call(self.target, lambda c: c.register(self.opts.stream, self.consumer, form=self.opts.form))
 
     def _resume(self, offset: dict) -> None:
         """A restarted query commits as the consumer of its checkpointed offsets (unless the option names one)."""
@@ -225,15 +238,15 @@ class StreamReader(_Reader, DataSourceStreamReader, SupportsTriggerAvailableNow)
         self._resume(start)
         self._state(start)
         state = self._state(end)
-        return plan_ranges(self.target, self.opts.stream, state, positions_of(start, self.opts.stream),
-                           positions_of(end, self.opts.stream), self.opts.rows_per_partition)
+        return plan_ranges(self.target, self.opts, state, positions_of(start, self.opts.stream),
+                           positions_of(end, self.opts.stream))
 
     def commit(self, end: dict) -> None:
         """Spark finished every row before ``end``: the engine may release them (for this consumer)."""
         self._resume(end)
         positions = positions_of(end, self.opts.stream)
         call(self.target, lambda c: c.commit(self.opts.stream, positions, self.consumer, engine=end["engine"],
-                                             deployment=end["deployment"]))
+                                             deployment=end["deployment"], form=self.opts.form))
 
     def stop(self) -> None:
         pass

@@ -52,7 +52,7 @@ class UpmcepDataSource(DataSource):
 
     def _stream_info(self) -> dict:
         if self._info is None:
-            self._info = call(self.target, lambda c: c.schema(self.opts.stream))
+            self._info = call(self.target, lambda c: c.schema(self.opts.stream, self.opts.form))
         return self._info
 
     def schema(self):

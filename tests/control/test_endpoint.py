@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -164,6 +166,53 @@ def test_metrics_and_instance_managers(served):
     e.deploy(q)
     c.send("connections", _rows(2, start=3))
     assert e.collect("copy").num_rows == 2
+
+
+def test_metrics_in_wide_form(served):
+    """A row per sample (``time, names, values``); the schema: ``time`` and a float64 field per metric reported now."""
+    e, c = served
+    c.send("connections", _rows(3))
+    fields = c.schema("$metrics", form="wide")["fields"]
+    assert list(fields)[:2] == ["time", "endpoint.bad_frames"] and set(fields.values()) == {"timestamp", "float64"}
+    assert c.offsets("$metrics", form="wide", interval=0)["latest"] == {0: 1}
+    assert c.offsets("$metrics", form="wide", interval=0)["latest"] == {0: 2}  # one row per sample
+    assert c.offsets("$metrics", form="long")["latest"][0] == len(fields) - 1  # the long form: one row per metric
+    wide = c.read("$metrics", 0, 0, 2, form="wide").to_pylist()
+    assert [r["names"] for r in wide] == [list(fields)[1:]] * 2
+    assert dict(zip(wide[1]["names"], wide[1]["values"]))["outputs.all"] == 3.0
+    assert wide[0]["time"] <= wide[1]["time"]
+    with pytest.raises(InputError) as err:
+        c.offsets("$metrics", form="tall")
+    assert err.value.code == "OPTION" and "'long' or 'wide'" in str(err.value)
+
+
+def test_metric_names_are_the_readmes(served):
+    """Every metric the engine reports has a row in the README's table of metric names, and every row of the
+    table (but those of instance managers: this engine has none) names some metric."""
+    e, c = served
+    q = cep.Query("windows")
+    s = q.stream("connections", "ip string, ts timestamp, bytes int64")
+    q.output("per_ip", s.filter(cep.col("bytes") >= 0, name="positive")
+             .aggregate(cep.TimeWindow("1s"), by=["ip"], name="window", n=cep.count()))
+    e.deploy(q, parallelism=2)
+    seconds = pa.table({"ip": ["a", "b"] * 5, "ts": pa.array([T0 + i * 10**6 for i in range(10)], pa.timestamp("us")),
+                        "bytes": list(range(10))})
+    c.send("connections", seconds)
+    c.send("connections", seconds.slice(0, 1))  # late: its window closed
+    names = c.read("$metrics", 0, 0, c.offsets("$metrics")["latest"][0]).column("name").to_pylist()  # one sample
+    assert "late_by_stream.connections.windows.window" in names
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = readme.split("<!-- metric-names -->\n", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
+    documented = {m: _pattern(m) for row in table for m in re.findall(r"`([^`]+)`", row.split(" | ")[0])}
+    assert [n for n in names if not any(p.fullmatch(n) for p in documented.values())] == []
+    assert [m for m, p in documented.items()
+            if not m.startswith("instance_managers.") and not any(p.fullmatch(n) for n in names)] == []
+
+
+def _pattern(documented: str) -> re.Pattern:
+    """A README metric name as a regular expression: ``<p>`` a percentile, ``<im>`` a number, ``<name>`` a name."""
+    any_of = {"p": r"p[0-9.]+", "im": r"[0-9]+"}
+    return re.compile(re.sub(r"<(\w+)>", lambda m: any_of.get(m[1], r"[^.]+"), re.escape(documented)))
 
 
 def test_engine_option_forms(home):

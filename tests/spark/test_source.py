@@ -8,6 +8,8 @@ from spark_harness import connections, demo_query, spark_df, wait_for
 from pyspark.errors import AnalysisException
 from pyspark.sql import types as T
 
+import sparkcep as cep
+
 COLS = ["ip", "ts", "bytes"]
 
 
@@ -167,6 +169,44 @@ def test_metrics_readable_as_stream_and_batch(spark, engine, tmp_path):
     finally:
         q.stop()
     assert max(sequences()) == 130
+
+
+def test_metrics_wide_form_one_row_per_sample(spark, engine, tmp_path):
+    """A column per metric the engine reports at load(): later metrics are not in it, missing ones are null."""
+    engine.deploy(demo_query())
+    engine.send("connections", connections(123))
+    a = engine.endpoint.address
+    long_names = {r["name"] for r in _load(spark, engine=a, stream="$metrics").collect()}
+    wide = _load(spark, engine=a, stream="$metrics", form="wide")
+    assert wide.columns[0] == "time" and set(wide.columns[1:]) == long_names
+    assert {f.dataType for f in wide.schema.fields} == {T.TimestampType(), T.DoubleType()}
+    row, outputs = wide.collect()[-1], engine.metrics()["outputs"]
+    assert (row["sequence"], row["outputs.all"], row["outputs.big"]) == (123, 123, outputs["big"])
+
+    stream = spark.readStream.format("upmcep").option("engine", a).option("stream", "$metrics") \
+        .option("form", "wide").load()
+    later = cep.Query("later")
+    later.output("copy", later.stream("connections", "ip string, ts timestamp, bytes int64").map(ip="ip"))
+    engine.deploy(later)
+    engine.undeploy("demo")
+    engine.send("connections", connections(7, start=123))
+    q = (stream.writeStream.format("memory").queryName("wide_metrics")
+         .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())  # samples now
+    q.awaitTermination(120)
+    assert q.exception() is None
+    last = spark.sql("select * from wide_metrics order by time desc limit 1").collect()[0]
+    assert last["sequence"] == 130 and last["outputs.all"] is None  # demo undeployed: no such metric
+    assert "outputs.copy" not in spark.table("wide_metrics").columns  # deployed after load()
+
+
+def test_metrics_form_option_errors(spark, engine):
+    engine.deploy(demo_query())
+    a = engine.endpoint.address
+    with pytest.raises(AnalysisException, match=r"\[UPMCEP_OPTION\] option form='wdie': expected long or wide "
+                                                r"\(did you mean wide\?\)"):
+        _load(spark, engine=a, stream="$metrics", form="wdie")
+    with pytest.raises(AnalysisException, match=r"\[UPMCEP_OPTION\] option form applies to stream \$metrics only"):
+        _load(spark, engine=a, stream="all", form="wide")
 
 
 def test_read_batches_are_the_engines_unless_small():
