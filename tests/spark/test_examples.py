@@ -7,6 +7,7 @@ fresh interpreter that finds ``format("upmcep")`` by auto-registration only.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -62,5 +63,8 @@ def test_fixwindow_notebook_executes(tmp_path, monkeypatch):
                             resources={"metadata": {"path": str(tmp_path)}}).execute()
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
-    assert sum("image/png" in o.get("data", {}) for o in outputs) == 2  # results and live metrics
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == 2  # live metrics (redrawn in place), results
     assert any("200 window results, 40,000 records counted" in o.get("text", "") for o in outputs)
+    text = "".join(o.get("text", "") for o in outputs)
+    redraws = re.search(r"the plot was redrawn (\d+) times while Spark fed the engine", text)
+    assert redraws and int(redraws[1]) >= 2, text  # a live plot, not one drawn at the end
