@@ -19,8 +19,8 @@ from numba import njit
 from sparkcep.core import columns
 from sparkcep.core.hashing import bin_ids, derive_ids, gather_binned, hash_rows, hash_words, operator_salt
 from sparkcep.core.strings import compare_bytes
-from sparkcep.core.table import (ACC, ARENA_USED, AUX, COUNTER, WSTART, BinnedTable, find_slot, key_bytes,
-                                  lookup, place, room, slot_hash, touch)
+from sparkcep.core.table import (ACC, ARENA_USED, AUX, COUNTER, WSTART, BinnedTable, TableBins, find_slot,
+                                  key_bytes, lookup, place, room, slot_hash, touch)
 from sparkcep.query.aggregates import AggFunc
 from sparkcep.query.windows import TupleWindow
 from sparkcep.schema import TYPES, Schema
@@ -424,8 +424,8 @@ class WindowAggregate:
     """The state and kernels of one Aggregate operator instance.
 
     :meth:`add` takes rows in (sequence number, id) order; :meth:`fire` emits the windows
-    the watermark has closed; :meth:`extract` / :meth:`install` move one
-    bin's state.
+    the watermark has closed; :meth:`take_bins` / :meth:`copy_bins` /
+    :meth:`put_bins` move bins' state.
     """
 
     def __init__(self, window, by: list[str], funcs: dict[str, AggFunc], schema: Schema,
@@ -541,12 +541,16 @@ class WindowAggregate:
         cols += [pa.array(rows[AUX], pa.int64()), pa.array(ids), pa.array(ts, pa.int64()), pa.array(wm, pa.int64())]
         return [pa.RecordBatch.from_arrays(cols, names=self.out_schema.names + list(columns.HIDDEN))]
 
-    def extract(self, bin: int) -> BinnedTable:
-        """Remove and return the state of ``bin``."""
-        return self.table.extract(bin)
+    def take_bins(self, bins: np.ndarray | None) -> TableBins:
+        """Remove and return the windows (and tuple counters) of ``bins`` (None: all)."""
+        return self.table.take_bins(bins)
 
-    def install(self, bin: int, state: BinnedTable) -> None:
-        """Add a bin's state taken from another instance with :meth:`extract`."""
-        self.table.install(bin, state)
-        if not self.tuple_window:
-            self.lowest_start = np.iinfo(np.int64).min
+    def copy_bins(self, bins: np.ndarray | None) -> TableBins:
+        """The windows (and tuple counters) of ``bins`` (None: all), this instance unchanged."""
+        return self.table.copy_bins(bins)
+
+    def put_bins(self, part: TableBins, lowest_start: int | None) -> None:
+        """Install bins taken from another instance, whose :attr:`lowest_start` was ``lowest_start``."""
+        self.table.put_bins(part)
+        if lowest_start is not None:
+            self.lowest_start = lowest_start if self.lowest_start is None else min(self.lowest_start, lowest_start)

@@ -183,27 +183,39 @@ class WindowJoin:
             batch = batch.filter(pa.array(value & ok))
         return batch
 
-    def extract(self, bin: int) -> list[list[pa.RecordBatch]]:
-        """Remove and return the buffered rows of ``bin``, per input."""
+    def take_bins(self, bins: np.ndarray | None, keep: bool = False) -> list[pa.RecordBatch | None]:
+        """Per input, the buffered rows of ``bins`` (None: all) as one batch or None; removed unless ``keep``."""
         taken = []
         for port in (0, 1):
-            keep, take = [], []
-            for b in self.buffers[port]:
-                mine = b.column(BIN).to_numpy() == bin
-                take.append(b.filter(pa.array(mine)))
-                keep.append(b.filter(pa.array(~mine)))
-            self.buffers[port] = [b for b in keep if b.num_rows]
-            taken.append([b for b in take if b.num_rows])
+            buffered = self.buffers[port]
+            batch = None if not buffered else buffered[0] if len(buffered) == 1 else pa.concat_batches(buffered)
+            if batch is not None and bins is not None:
+                mine = np.isin(batch.column(BIN).to_numpy(), bins)
+                if not keep:
+                    rest = batch.filter(pa.array(~mine))
+                    self.buffers[port] = [rest] if rest.num_rows else []
+                batch = batch.filter(pa.array(mine))
+            elif not keep:
+                self.buffers[port] = []
+            taken.append(batch if batch is not None and batch.num_rows else None)
         return taken
 
-    def install(self, state: list[list[pa.RecordBatch]]) -> None:
-        for port in (0, 1):
-            for b in state[port]:
+    def put_bins(self, rows: list[pa.RecordBatch | None], fired: int, next_start: int | None) -> None:
+        """Buffer rows of bins taken from another instance, whose :attr:`fired` and :attr:`next_start`
+        were ``fired`` and ``next_start``.
+
+        Its windows before ``fired`` have fired, with these rows in them:
+        this instance never fires them (the later of both ``fired`` counts),
+        and no window before it holds a row of its own to emit any more.
+        """
+        self.fired = max(self.fired, fired)
+        if any(b is not None for b in rows):
+            self.next_start = next_start if self.next_start is None else min(self.next_start, next_start)
+        if self.next_start is not None:
+            self.next_start = max(self.next_start, self.fired)
+        for port, b in enumerate(rows):
+            if b is not None:
                 self.buffers[port].append(b)
-                first = int(((b.column(columns.TS).to_numpy().min() - self.window.size_us)
-                             // self.window.advance_us + 1) * self.window.advance_us)
-                first = max(first, self.fired)
-                self.next_start = first if self.next_start is None else min(self.next_start, first)
 
 
 def _window_starts(ts: np.ndarray, size: int, advance: int) -> np.ndarray:

@@ -9,8 +9,10 @@ operator gives its rows output ids as :mod:`sparkcep.core.ids` says.
 
 from __future__ import annotations
 
+import copy
 import logging
-from dataclasses import dataclass, field
+from abc import ABC, abstractmethod
+from dataclasses import replace
 from typing import Iterable
 
 import numpy as np
@@ -18,6 +20,7 @@ import pyarrow as pa
 
 from sparkcep.core import columns, ids
 from sparkcep.core.aggregate import WindowAggregate
+from sparkcep.core.binstate import BinState, Progress, checked_bins, later_step
 from sparkcep.core.evaluate import evaluate, to_arrow
 from sparkcep.core.hashing import derive_ids, key_bins, operator_salt
 from sparkcep.core.join import WindowJoin
@@ -112,7 +115,7 @@ class ApplyOp(PhysicalOperator):
         return [out if renumbered is None else out.set_column(i, columns.ID, pa.array(renumbered))]
 
 
-class StatefulOp(PhysicalOperator):
+class StatefulOp(PhysicalOperator, ABC):
     """Buffers input per port; at progress consumes it in (sequence number, id) order, then fires.
 
     Tuples that come after their window fired are *late*: never merged,
@@ -156,43 +159,65 @@ class StatefulOp(PhysicalOperator):
                     yield from self.consume(port, ready)
         yield from self.fire(None if watermark >= WM_END else watermark)
 
+    @abstractmethod
     def consume(self, port: int, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
-        raise NotImplementedError
+        """What consuming ``batch`` (rows in (sequence number, id) order) emits."""
 
     def fire(self, watermark: int | None) -> list[pa.RecordBatch]:
         return []
 
-    def extract(self, bin: int):
-        """Remove and return the operator state of ``bin`` (see :meth:`take_bin`)."""
-        raise NotImplementedError
+    @abstractmethod
+    def extract(self, bins: np.ndarray | None, keep: bool):
+        """The operator state of ``bins`` (None: all), removed unless ``keep``."""
 
-    def install(self, bin: int, state) -> None:
-        """Take over the operator state of ``bin`` extracted from another instance."""
-        raise NotImplementedError
+    @abstractmethod
+    def install(self, state, progress: Progress) -> None:
+        """Take over the state of bins extracted from another instance whose progress was ``progress``,
+        merging its fields with this instance's."""
 
-    def take_bin(self, bin: int) -> "BinState":
-        """Remove and return everything of ``bin``: its state and its tuples not consumed yet.
+    def progress(self) -> Progress:
+        """This instance's scalar progress (see :class:`~sparkcep.core.binstate.Progress`)."""
+        return Progress(step=self.step)
 
-        What migration and replica catch-up move (DESIGN §5); :meth:`put_bin`
-        installs it in another instance of the same operator.
+    def take_bins(self, bins: np.ndarray | None = None) -> BinState:
+        """Remove and return the state of ``bins`` (None: every bin held here) and their tuples not
+        consumed yet.
+
+        What migration and State Transfer move (DESIGN §5); :meth:`put_bins`
+        installs it in another instance of the same operator. Costs what
+        the bins hold (and a pass over the pending tuples), not what stays.
         """
-        pending = []
-        for port, batches in enumerate(self.pending):
-            if not batches:
-                pending.append(None)
-                continue
-            batch = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
-            mine = self._bins(port, batch) == bin
-            pending.append(batch.filter(pa.array(mine)) if mine.any() else None)
-            self.pending[port] = [batch.filter(pa.array(~mine))] if not mine.all() else []
-        return BinState(self.extract(bin), pending)
+        return self._bins_out(bins, keep=False)
 
-    def put_bin(self, bin: int, moved: "BinState") -> None:
-        """Install a bin taken from another instance by :meth:`take_bin`."""
-        self.install(bin, moved.state)
+    def copy_bins(self, bins: np.ndarray | None = None) -> BinState:
+        """What :meth:`take_bins` returns, leaving this instance unchanged: replica catch-up copies
+        a survivor's state."""
+        return self._bins_out(bins, keep=True)
+
+    def put_bins(self, moved: BinState) -> None:
+        """Install bins taken or copied from another instance of the same operator; none of them is
+        held here (this instance may hold other bins, or none: a new instance)."""
+        self.step = later_step(self.step, moved.progress.step)
+        self.install(moved.state, moved.progress)
         for port, batch in enumerate(moved.pending):
             if batch is not None and batch.num_rows:
                 self.pending[port].append(batch)
+
+    def _bins_out(self, bins, keep: bool) -> BinState:
+        """The state and pending tuples of ``bins``, removed unless ``keep``."""
+        bins = checked_bins(bins, self.bins)
+        pending = []
+        for port, batches in enumerate(self.pending):
+            batch = _concat(batches)
+            if batch is not None and bins is not None:
+                mine = np.isin(self._bins(port, batch), bins)
+                if not keep:
+                    self.pending[port] = [batch.filter(pa.array(~mine))] if not mine.all() else []
+                batch = batch.filter(pa.array(mine)) if mine.any() else None
+            elif not keep:
+                self.pending[port] = []
+            pending.append(batch)
+        return BinState(bins, self.extract(bins, keep), pending, self.progress())
 
     def _bins(self, port: int, batch: pa.RecordBatch) -> np.ndarray:
         """The bin of each row of ``batch`` arriving on ``port`` (by the keys this operator routes on)."""
@@ -201,14 +226,6 @@ class StatefulOp(PhysicalOperator):
         if not keys:
             return np.zeros(batch.num_rows, np.int64)
         return key_bins(*columns.encode_keys(batch, keys), self.bins)
-
-
-@dataclass
-class BinState:
-    """A bin on the move: the operator's state of it and, per input port, its tuples not consumed yet."""
-
-    state: object
-    pending: list[pa.RecordBatch | None] = field(default_factory=list)
 
 
 class AggregateOp(StatefulOp):
@@ -242,11 +259,17 @@ class AggregateOp(StatefulOp):
     def late_by_port(self) -> list[int]:
         return [self.agg.late]
 
-    def extract(self, bin):
-        return self.agg.extract(bin)
+    def extract(self, bins, keep):
+        return self.agg.copy_bins(bins) if keep else self.agg.take_bins(bins)
 
-    def install(self, bin, state):
-        self.agg.install(bin, state)
+    def install(self, state, progress):
+        if self.running:
+            self.agg.put_bins(state)
+        else:
+            self.agg.put_bins(state, progress.lowest_start)
+
+    def progress(self):
+        return replace(super().progress(), lowest_start=getattr(self.agg, "lowest_start", None))
 
 
 class JoinOp(StatefulOp):
@@ -275,11 +298,14 @@ class JoinOp(StatefulOp):
     def late_by_port(self) -> list[int]:
         return self.join.late_by_port
 
-    def extract(self, bin):
-        return self.join.extract(bin)
+    def extract(self, bins, keep):
+        return self.join.take_bins(bins, keep)
 
-    def install(self, bin, state):
-        self.join.install(state)
+    def install(self, state, progress):
+        self.join.put_bins(state, progress.fired, progress.next_start)
+
+    def progress(self):
+        return replace(super().progress(), fired=self.join.fired, next_start=self.join.next_start)
 
 
 class CustomOp(StatefulOp):
@@ -326,16 +352,37 @@ class CustomOp(StatefulOp):
             out = out.append_column(name, pa.array(np.full(n, self._ts, np.int64)))
         return [out]
 
-    def extract(self, bin):
-        return self.user.extract(self.state, bin)
+    def extract(self, bins, keep):
+        """{bin: the user's value} of ``bins`` (None: all), by the user's ``extract`` per bin; a copy
+        installs each value back and deep-copies it."""
+        values = {}
+        for b in range(self.bins) if bins is None else bins.tolist():
+            value = self.user.extract(self.state, b)
+            if value is None:
+                continue
+            if keep:
+                self.user.install(self.state, b, value)
+                value = copy.deepcopy(value)
+            values[b] = value
+        return values
 
-    def install(self, bin, state):
-        self.user.install(self.state, bin, state)
+    def install(self, state, progress):
+        for b, value in state.items():
+            self.user.install(self.state, b, value)
+        self._ts = max(self._ts, progress.ts)
+
+    def progress(self):
+        return replace(super().progress(), ts=self._ts)
+
+
+def _concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch | None:
+    """The rows of ``batches`` as one batch (None: no batch)."""
+    return None if not batches else batches[0] if len(batches) == 1 else pa.concat_batches(batches)
 
 
 def _take_ready(batches: list[pa.RecordBatch], frontier: int):
     """(rows with seq <= frontier sorted by (seq, id), the remaining batches)."""
-    batch = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+    batch = _concat(batches)
     seq = batch.column(columns.SEQ).to_numpy()
     rest: list[pa.RecordBatch] = []
     if seq.size and seq.max() > frontier:

@@ -19,7 +19,8 @@ from numba import njit
 from sparkcep.core import columns
 from sparkcep.core.aggregate import COUNT_ALL, GROUP, Program, _apply
 from sparkcep.core.hashing import bin_ids, derive_ids, fold_in, hash_words, operator_salt
-from sparkcep.core.table import ACC, AUX, BinnedTable, find_slot, key_bytes, lookup, place, room, slot_hash, touch
+from sparkcep.core.table import (ACC, AUX, BinnedTable, TableBins, find_slot, key_bytes, lookup, place, room,
+                                  slot_hash, touch)
 from sparkcep.query.aggregates import AggFunc
 from sparkcep.schema import Schema
 
@@ -166,7 +167,7 @@ class RunningAggregate:
 
     :meth:`add` takes each consumed batch (sorted by sequence number) and
     returns its updates; :meth:`fire` has nothing to emit;
-    :meth:`extract` / :meth:`install` move one bin's groups.
+    :meth:`take_bins` / :meth:`copy_bins` / :meth:`put_bins` move bins' groups.
     """
 
     late = 0  # nothing is ever late: no window closes
@@ -226,10 +227,14 @@ class RunningAggregate:
         """Nothing: every row left with the batch that updated it."""
         return []
 
-    def extract(self, bin: int) -> BinnedTable:
-        """Remove and return the groups of ``bin``."""
-        return self.table.extract(bin)
+    def take_bins(self, bins: np.ndarray | None) -> TableBins:
+        """Remove and return the groups of ``bins`` (None: all)."""
+        return self.table.take_bins(bins)
 
-    def install(self, bin: int, state: BinnedTable) -> None:
-        """Add the groups of a bin taken from another instance with :meth:`extract`."""
-        self.table.install(bin, state)
+    def copy_bins(self, bins: np.ndarray | None) -> TableBins:
+        """The groups of ``bins`` (None: all), this instance unchanged."""
+        return self.table.copy_bins(bins)
+
+    def put_bins(self, part: TableBins) -> None:
+        """Install the groups of bins taken from another instance."""
+        self.table.put_bins(part)

@@ -4,9 +4,10 @@ Every array has the bin (route-key bucket) as its first dimension: each bin
 is an open-addressing hash table whose slots *are* the entries, keyed by
 (encoded key bytes, window start), with accumulator columns after the key;
 string values and the bytes of keys longer than 16 live in the bin's own
-arena. A bin's state is one slice of each array, so extracting and
-installing a bin — the interface migration and replication build on
-(DESIGN.md §5) — is a copy.
+arena. A bin's state is one slice of each array, so taking bins out and
+installing them — the interface migration and replication build on
+(DESIGN.md §5) — is one fancy-index copy of their slices, whatever the
+number of bins that stay.
 
 Why entries sit in the slots: the HiBench-fixwindow state (100K keys,
 16 MB of slots) does not fit in the core's caches, so the window aggregate
@@ -26,12 +27,15 @@ so they fill evenly.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from numba import njit
 
 from sparkcep.core.hashing import hash_head, hash_key
 from sparkcep.core.memory import prefetch, store8
 from sparkcep.core.pages import zeroed
+from sparkcep.errors import EngineError
 
 EMPTY, TOMB = -1, -2  # KEY column of a free slot and of a deleted entry
 COUNTER = np.iinfo(np.int64).min  # window start of a per-group tuple counter entry
@@ -414,6 +418,13 @@ def copy_bin(S, sb, T, tb, str_slots):
 
 
 @njit(nogil=True, cache=True)
+def insert_bins(S, sbins, T, tbins, str_slots):
+    """:func:`copy_bin` of bin ``sbins[i]`` of S into bin ``tbins[i]`` of T, for every i (room ensured)."""
+    for i in range(len(sbins)):
+        copy_bin(S, sbins[i], T, tbins[i], str_slots)
+
+
+@njit(nogil=True, cache=True)
 def live_bytes(T, str_slots):
     """Per bin: (live entries, arena bytes the live entries use)."""
     ent, arena, meta = T
@@ -433,11 +444,8 @@ def live_bytes(T, str_slots):
 
 
 @njit(nogil=True, cache=True)
-def select(T, max_wstart, want_bin, counters):
-    """(bins, entries) of live window entries with start <= ``max_wstart``, bin-major.
-
-    ``want_bin`` >= 0 limits to one bin; ``counters`` includes tuple counters.
-    """
+def select(T, max_wstart):
+    """(bins, entries) of live window entries with start <= ``max_wstart``, bin-major."""
     ent, arena, meta = T
     n = 0
     for b in range(meta.shape[0]):
@@ -446,13 +454,11 @@ def select(T, max_wstart, want_bin, counters):
     oe = np.empty(n, np.int64)
     m = 0
     for b in range(meta.shape[0]):
-        if (want_bin >= 0 and b != want_bin) or meta[b, N_LIVE] == 0:
+        if meta[b, N_LIVE] == 0:
             continue
         for e in range(ent.shape[1]):
-            if ent[b, e, KEY] < 0:
-                continue
             w = ent[b, e, WSTART]
-            if (w == COUNTER and not counters) or (w != COUNTER and w > max_wstart):
+            if ent[b, e, KEY] < 0 or w == COUNTER or w > max_wstart:
                 continue
             ob[m] = b
             oe[m] = e
@@ -490,12 +496,7 @@ class BinnedTable:
     def __init__(self, bins: int, n_int: int, n_float: int, str_slots=(), entries: int = 8, arena_bytes: int = 256):
         self.n_bins, self.n_int, self.n_float = bins, n_int, n_float
         self.str_slots = np.asarray(str_slots, np.int64)
-        slots = 1 << max(4, int(2 * entries - 1).bit_length())  # load <= 1/2 when built
-        ent = zeroed((bins, slots, ACC + n_int + n_float), np.int64)
-        ent[:, :, KEY] = EMPTY
-        self.arrays = (ent,
-                       zeroed((bins, max(64, int(arena_bytes))), np.uint8),  # key bytes and string values
-                       np.zeros((bins, 3), np.int64))                          # meta per bin
+        self.arrays = _arrays(bins, _slots_for(entries), ACC + n_int + n_float, arena_bytes)
 
     @property
     def ent(self) -> np.ndarray:
@@ -548,10 +549,20 @@ class BinnedTable:
             compact_arena(self.arrays, arena, self.str_slots + ACC)
             self.arrays = (self.arrays[0], arena, self.arrays[2])
             return
-        fresh = BinnedTable(self.n_bins, self.n_int, self.n_float, self.str_slots, want, arena.shape[1])
-        for b in range(self.n_bins):
-            copy_bin(self.arrays, b, fresh.arrays, b, self.str_slots + ACC)
-        self.arrays = fresh.arrays
+        self._reshape(_slots_for(want), arena.shape[1])
+
+    def _reshape(self, slots: int, arena_bytes: int) -> None:
+        """Rebuild with ``slots`` slots and ``arena_bytes`` arena bytes per bin, rehashing the live entries."""
+        fresh = _arrays(self.n_bins, slots, self.ent.shape[2], arena_bytes)
+        held = self.bins()
+        insert_bins(self.arrays, held, fresh, held, self.str_slots + ACC)
+        self.arrays = fresh
+
+    def _widen(self, arena_bytes: int) -> None:
+        """Make every bin's arena ``arena_bytes`` wide; entries keep their slots and offsets."""
+        arena = zeroed((self.n_bins, arena_bytes), np.uint8)
+        arena[:, :self.arena.shape[1]] = self.arena
+        self.arrays = (self.arrays[0], arena, self.arrays[2])
 
     def grow_for(self, bins: np.ndarray, key_offsets: np.ndarray, value_bytes: int = 0) -> None:
         """Make room for the pending inserts of rows falling in ``bins`` (one entry per row): one
@@ -574,9 +585,6 @@ class BinnedTable:
         if (need > self.arena.shape[1] - self.meta[:, ARENA_USED]).any():
             self.grow(0, int(need.max()))
 
-    def delete(self, bins: np.ndarray, entries: np.ndarray) -> None:
-        delete_entries(self.arrays, bins, entries)
-
     def take(self, bins: np.ndarray, entries: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Delete entries; returns their columns as a (columns, n) array (floats: view as float64)
         and their key bytes (offsets, bytes).
@@ -590,26 +598,100 @@ class BinnedTable:
         returns their bins and what :meth:`take` returns, in one pass over those bins."""
         return take_expired(self.arrays, max_wstart, lo, self.n_bins if hi is None else hi)
 
-    def select(self, max_wstart: int = np.iinfo(np.int64).max, bin: int = -1, counters: bool = False):
+    def select(self, max_wstart: int = np.iinfo(np.int64).max):
         """(bins, entries) of live window entries starting at or before ``max_wstart``."""
-        return select(self.arrays, max_wstart, bin, counters)
+        return select(self.arrays, max_wstart)
 
-    def extract(self, bin: int) -> "BinnedTable":
-        """Remove and return bin ``bin``'s state (windows and tuple counters) as a one-bin table."""
-        live = live_bytes(self.arrays, self.str_slots + ACC)[bin]
-        out = BinnedTable(1, self.n_int, self.n_float, self.str_slots, int(live[0]), int(live[1]) + 64)
-        copy_bin(self.arrays, bin, out.arrays, 0, self.str_slots + ACC)
-        self.delete(*self.select(bin=bin, counters=True))
-        return out
-
-    def install(self, bin: int, state: "BinnedTable") -> None:
-        """Add the entries of a one-bin table from :meth:`extract` to bin ``bin``."""
-        live = live_bytes(state.arrays, self.str_slots + ACC)[0]
+    def copy_bins(self, bins: np.ndarray | None = None) -> "TableBins":
+        """The state of distinct ``bins`` (None: all), the table unchanged: one fancy-index copy of the
+        slices of those holding entries (the arena's up to the most bytes one of them uses)."""
+        if bins is None:
+            b = self.bins()
+        else:
+            b = np.asarray(bins, np.int64)
+            b = b[self.meta[b, N_LIVE] > 0]
         ent, arena, meta = self.arrays
-        if not room(ent, arena, meta, bin, int(live[0]), int(live[1])):
-            self.grow(int(live[0]), int(live[1]))
-        copy_bin(state.arrays, 0, self.arrays, bin, self.str_slots + ACC)
+        width = int(meta[b, ARENA_USED].max()) if len(b) else 0
+        return TableBins(b, ent[b], arena[b, :width], meta[b])
+
+    def take_bins(self, bins: np.ndarray | None = None) -> "TableBins":
+        """Remove and return the state of distinct ``bins`` (None: all); only their slices are touched."""
+        part = self.copy_bins(bins)
+        self.ent[part.bins, :, KEY] = EMPTY
+        self.meta[part.bins] = 0
+        return part
+
+    def put_bins(self, part: "TableBins") -> None:
+        """Install bins taken from a table of the same layout; this table holds no entry of them.
+
+        With as many slots per bin as the sender, their slices are assigned
+        (the arenas widened first if needed, without rehashing); otherwise
+        their entries are rehashed in, the table first rebuilt with the
+        sender's slots if its own are too few. An empty table takes the
+        sender's shape.
+        """
+        b = part.bins
+        if not len(b):
+            return
+        if part.ent.shape[2] != self.ent.shape[2]:
+            raise EngineError(f"bin state of entries with {part.ent.shape[2]} columns cannot go into a table of "
+                              f"{self.ent.shape[2]}: it comes from another operator", code="BIN_STATE_MISMATCH")
+        held = b[self.meta[b, N_LIVE] > 0]
+        if len(held):
+            raise EngineError(f"bins {held[:8].tolist()} are already held here: a bin has one owner at a time",
+                              code="BIN_HELD")
+        slots, width = part.ent.shape[1], part.arena.shape[1]
+        if slots != self.ent.shape[1] and self.n_live == 0:
+            self.arrays = _arrays(self.n_bins, slots, self.ent.shape[2], width)
+        elif slots > self.ent.shape[1] and int(part.meta[:, N_LIVE].max()) * 2 > self.ent.shape[1]:
+            self._reshape(slots, max(width, self.arena.shape[1]))
+        elif width > self.arena.shape[1]:
+            self._widen(width)
+        ent, arena, meta = self.arrays
+        if ent.shape[1] == slots:
+            ent[b] = part.ent
+            arena[b, :width] = part.arena
+            meta[b] = part.meta
+            return
+        ent[b, :, KEY] = EMPTY
+        meta[b] = 0
+        insert_bins(part.arrays, np.arange(len(b)), self.arrays, b, self.str_slots + ACC)
 
     def bins(self) -> np.ndarray:
         """The bins holding live entries."""
         return np.flatnonzero(self.meta[:, N_LIVE] > 0)
+
+
+@dataclass
+class TableBins:
+    """Bins of a :class:`BinnedTable` on the move: row ``i`` of each array is bin ``bins[i]``'s slice."""
+
+    bins: np.ndarray
+    ent: np.ndarray
+    arena: np.ndarray
+    meta: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.bins)
+
+    @property
+    def arrays(self) -> tuple:
+        return self.ent, self.arena, self.meta
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.bins, *self.arrays))
+
+
+def _slots_for(entries: int) -> int:
+    """Slots per bin of a table built for ``entries`` entries a bin: load <= 1/2 when built."""
+    return 1 << max(4, int(2 * entries - 1).bit_length())
+
+
+def _arrays(bins: int, slots: int, columns: int, arena_bytes: int) -> tuple:
+    """Empty (entries, arena, meta) arrays of a table."""
+    ent = zeroed((bins, slots, columns), np.int64)
+    ent[:, :, KEY] = EMPTY
+    return (ent,
+            zeroed((bins, max(64, int(arena_bytes))), np.uint8),  # key bytes and string values
+            np.zeros((bins, 3), np.int64))                          # meta per bin

@@ -230,10 +230,17 @@ class StatefulOperator:
 
     Subclass it and pass an instance to ``Stream.stateful(op, by=[...])``. The
     engine routes tuples by ``by`` so one bin's tuples always reach the same
-    instance, and migration moves one bin's part of the state between
+    instance, and migration moves bins' parts of the state between
     instances. By default the state is a dict ``bin -> any picklable value``;
     an operator that keeps all its bins in one structure (one hash table, say)
     overrides :meth:`new_state`, :meth:`extract` and :meth:`install`.
+
+    Moving bins calls :meth:`extract` once per bin on the old owner (every
+    bin of the query when all its bins move) and :meth:`install` per bin on
+    the new one. Copying them (a replica catching up) calls :meth:`extract`,
+    :meth:`install` of the same value back, and ``copy.deepcopy`` of it: so
+    values must be deep-copyable, and extracting then installing a value
+    must leave the state as it was.
 
     Output ids (:mod:`sparkcep.core.ids`): the rows a call returns get
     ``__seq`` = the frontier of the progress step that made the call, and an

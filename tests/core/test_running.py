@@ -115,8 +115,7 @@ def test_bins_move_between_instances_mid_stream(funcs, seed):
     out, seen = [], WM_NONE
     for n, batch in enumerate(stamped_batches(sends)):
         if n == len(sends) // 2:
-            for bn in moved:
-                b.install(bn, a.extract(bn))
+            b.put_bins(a.take_bins(np.array(sorted(moved))))
         to_b = np.isin((hash_rows(*columns.encode_keys(batch, ["k"])) & np.uint64(BINS - 1)).astype(np.int64),
                        list(moved)) if n >= len(sends) // 2 else np.zeros(batch.num_rows, bool)
         a.process(0, batch.filter(pa.array(~to_b)))

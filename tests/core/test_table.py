@@ -1,6 +1,7 @@
 """BinnedTable under churn: inserts, deletes (tombstones freed in runs, wrap-around
-included), takes, rebuilds and bin moves, against a dict of (bin, key, window) -> count;
-a fire leaves no tombstone that no probe needs."""
+included), takes, rebuilds and bins moved or copied between tables of other shapes,
+against a dict of (bin, key, window) -> count; a fire leaves no tombstone that no
+probe needs."""
 
 import os
 import re
@@ -10,12 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import sparkcep as cep
 from sparkcep.core.hashing import hash_key
 from sparkcep.core.pages import zeroed
 from sparkcep.core.table import (ACC, EMPTY, K0, K1, KEY, KEY_BITS, KEY_LEN, MAX_LOAD, N_LIVE, N_TOMB, TOMB, WSTART,
                                  BinnedTable, find_slot, key_bytes, place, room, slot_hash)
 
-BINS = 2
+BINS = 4
 KEYS = [b"", b"a", b"b", b"abcdefghijklmnopq", b"abcdefghijklmnopr", b"1.2.3.4", b"\x00", b"\x00\x00"] + \
     [b"10.0.0.%d" % i for i in range(12)]
 
@@ -23,7 +25,9 @@ op = st.one_of(
     st.tuples(st.just("add"), st.integers(0, BINS - 1), st.sampled_from(KEYS), st.integers(0, 5)),
     st.tuples(st.just("fire"), st.integers(0, 5)),
     st.tuples(st.just("take"), st.integers(0, 5)),
-    st.tuples(st.just("move"), st.integers(0, BINS - 1), st.integers(0, BINS - 1)),
+    st.tuples(st.just("move"), st.sets(st.integers(0, BINS - 1)), st.integers(0, 1)),
+    st.tuples(st.just("copy"), st.one_of(st.none(), st.sets(st.integers(0, BINS - 1))), st.integers(0, 1)),
+    st.tuples(st.just("renew"), st.integers(1, 64), st.integers(1, 300)),
     st.tuples(st.just("grow"),),
 )
 
@@ -69,40 +73,89 @@ def contents(table):
     return {(int(bb), stored_key(table, bb, r), int(r[WSTART])): int(r[ACC]) for bb, r in zip(b, table.ent[b, e])}
 
 
+def check(table, ref) -> None:
+    assert contents(table) == ref
+    assert table.n_live == len(ref)
+    assert (table.meta[:, N_TOMB] == (table.ent[:, :, KEY] == TOMB).sum(axis=1)).all()
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.lists(op, max_size=200))
 def test_table_matches_a_dict(ops):
-    table, ref = BinnedTable(BINS, 1, 0, entries=2, arena_bytes=8), {}
+    """Two tables of other shapes hold the bins between them (``owner``); ``ref`` has every entry."""
+    tables = [BinnedTable(BINS, 1, 0, entries=2, arena_bytes=8), BinnedTable(BINS, 1, 0, entries=40)]
+    owner, ref = np.zeros(BINS, np.int64), {}
     for o in ops:
         if o[0] == "add":
             _, b, key, w = o
-            add(table, b, key, w)
+            add(tables[owner[b]], b, key, w)
             ref[(b, key, w)] = ref.get((b, key, w), 0) + 1
         elif o[0] in ("fire", "take"):  # one pass over the table, or chosen entries
-            if o[0] == "fire":
-                swept = np.flatnonzero(table.meta[:, N_LIVE] > 0)
-                b, rows, koff, kdata = table.take_expired(o[1])
-                assert all(needless_tombstones(table, s) == 0 for s in swept)
-            else:
-                b, e = table.select(max_wstart=o[1])
-                rows, koff, kdata = table.take(b, e)
-            got = {(int(b[j]), bytes(kdata[koff[j]:koff[j + 1]]), int(rows[WSTART, j])): int(rows[ACC, j])
-                   for j in range(len(b))}
-            assert len(got) == len(b)
+            got = {}
+            for table in tables:
+                if o[0] == "fire":
+                    swept = np.flatnonzero(table.meta[:, N_LIVE] > 0)
+                    b, rows, koff, kdata = table.take_expired(o[1])
+                    assert all(needless_tombstones(table, s) == 0 for s in swept)
+                else:
+                    b, e = table.select(max_wstart=o[1])
+                    rows, koff, kdata = table.take(b, e)
+                mine = {(int(b[j]), bytes(kdata[koff[j]:koff[j + 1]]), int(rows[WSTART, j])): int(rows[ACC, j])
+                        for j in range(len(b))}
+                assert len(mine) == len(b)
+                got.update(mine)
             assert got == {k: v for k, v in ref.items() if k[2] <= o[1]}
             ref = {k: v for k, v in ref.items() if k[2] > o[1]}
-        elif o[0] == "move":
-            _, src, dst = o
-            state = table.extract(src)
-            table.install(dst, state)
-            moved = {(dst, k, w): v for (b, k, w), v in ref.items() if b == src}
-            ref = {k: v for k, v in ref.items() if k[0] != src}
-            ref.update(moved)  # an installed entry replaces the one it meets
+        elif o[0] == "move":  # bins of the other table to table dst
+            _, bins, dst = o
+            moving = np.array(sorted(b for b in bins if owner[b] != dst), np.int64)
+            tables[dst].put_bins(tables[1 - dst].take_bins(moving))
+            owner[moving] = dst
+        elif o[0] == "copy":  # a fresh table gets a copy of bins of table src; src is unchanged
+            _, bins, src = o
+            fresh = BinnedTable(BINS, 1, 0)
+            fresh.put_bins(tables[src].copy_bins(None if bins is None else np.array(sorted(bins), np.int64)))
+            check(fresh, {k: v for k, v in ref.items() if owner[k[0]] == src and (bins is None or k[0] in bins)})
+        elif o[0] == "renew":  # table 1 hands every bin to a new table of another shape
+            _, entries, arena = o
+            fresh = BinnedTable(BINS, 1, 0, entries=entries, arena_bytes=arena)
+            fresh.put_bins(tables[1].take_bins())
+            assert tables[1].n_live == 0
+            tables[1] = fresh
         else:
-            table.grow()
-        assert contents(table) == ref
-        assert table.n_live == len(ref)
-        assert (table.meta[:, N_TOMB] == (table.ent[:, :, KEY] == TOMB).sum(axis=1)).all()
+            tables[0].grow()
+        for i, table in enumerate(tables):
+            check(table, {k: v for k, v in ref.items() if owner[k[0]] == i})
+
+
+def test_bins_go_by_slices_into_a_table_of_the_same_shape_and_are_rehashed_into_another():
+    """Same slots per bin: the slices are assigned as they are (the arena widened without rehashing);
+    other slots: the entries are rehashed in, a table with too few slots growing first."""
+    keys = [b"key %d of more than sixteen bytes" % i for i in range(60)]
+    src = BinnedTable(BINS, 1, 0, entries=64, arena_bytes=4096)
+    for i, k in enumerate(keys):
+        add(src, i % BINS, k, 0)
+    ref = contents(src)
+    part = src.copy_bins(np.array([0, 2]))
+    assert part.ent.shape == (2, 128, ACC + 1) and part.arena.shape[1] == max(src.meta[[0, 2], 2])
+    same = BinnedTable(BINS, 1, 0, entries=64, arena_bytes=8)
+    add(same, 1, b"other", 3)
+    same.put_bins(part)
+    assert same.ent.shape[1] == 128 and (same.ent[[0, 2]] == src.ent[[0, 2]]).all()
+    assert contents(same) == {**{k: v for k, v in ref.items() if k[0] in (0, 2)}, (1, b"other", 3): 1}
+    small = BinnedTable(BINS, 1, 0, entries=2)  # 16 slots, one entry held: grows to the sender's slots
+    add(small, 1, b"other", 3)
+    small.put_bins(part)
+    assert small.ent.shape[1] == 128 and contents(small) == contents(same)
+    large = BinnedTable(BINS, 1, 0, entries=512)  # rehashed into 1024 slots
+    add(large, 3, b"other", 3)
+    large.put_bins(src.take_bins(np.array([0, 2])))
+    assert large.ent.shape[1] == 1024
+    assert contents(large) == {**{k: v for k, v in ref.items() if k[0] in (0, 2)}, (3, b"other", 3): 1}
+    assert contents(src) == {k: v for k, v in ref.items() if k[0] not in (0, 2)}
+    with pytest.raises(cep.EngineError) as held:
+        large.put_bins(src.copy_bins(np.array([3])))
+    assert held.value.code == "BIN_HELD"
 
 
 def test_firing_a_window_keeps_the_probe_chains_of_the_next():
@@ -128,8 +181,7 @@ def test_a_bin_left_crowded_with_tombstones_is_rehashed_without_them():
                                                                       for i in range(10)]
     for i, k in enumerate(keys):
         add(table, 0, k, i % 2)  # windows 0 and 1 interleave in the probe runs
-    b, e = table.select(max_wstart=0)
-    table.delete(b, e)
+    table.take(*table.select(max_wstart=0))
     assert table.meta[0, N_TOMB] == 0
     for k in keys[1::2]:
         add(table, 0, k, 1)
