@@ -12,6 +12,7 @@ watermarks are stamped here, in :meth:`Engine.send`) and the output logs.
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import uuid
 
@@ -22,12 +23,18 @@ from sparkcep import auth
 from sparkcep.arguments import checked
 from sparkcep.core import columns
 from sparkcep.core.ingest import check_event_times, to_batches
+from sparkcep.deployed import Deployed
 from sparkcep.core.operators import WM_NONE
 from sparkcep.errors import EngineError, InputError, QueryError, UnknownStreamError
+from sparkcep.migration.balancer import Balancer
+from sparkcep.migration.migrator import Migrator
 from sparkcep.query.query import Query
 from sparkcep.runtime.deployment import Deployment
+from sparkcep.runtime.handoff import ENGINE_HOST, Board, Handoffs
 from sparkcep.runtime.metrics import MetricServer, add_rates, deployment_metrics, late_counts
 from sparkcep.runtime.output_log import OutputLog
+
+log = logging.getLogger("sparkcep")
 
 
 class Engine:
@@ -57,6 +64,10 @@ class Engine:
         self._ended: set[str] = set()
         self._closed = False
         self._lock = threading.RLock()
+        self._board = Board()  # state handed over between the instances running in this process
+        self._handoffs = Handoffs(ENGINE_HOST, report=self._board.installed)
+        self._migrators: dict[str, Migrator] = {}  # query -> its migrations
+        self._balancer: Balancer | None = None  # started by the first deploy(..., balance=True)
         self._metric_server = MetricServer()
         self._topology, self._ring_bytes = topology, ring_bytes
         self.cluster = None
@@ -103,7 +114,8 @@ class Engine:
 
     def add_instance_manager(self, address: str) -> dict:
         """Use the instance manager serving at ``address`` for the queries deployed from now on
-        (the Spark executor launcher registers its instance managers so)."""
+        (the Spark executor launcher registers its instance managers so); queries deployed with
+        ``balance=True`` get a share of their work moved onto it."""
         with self._lock:
             self._check_open()
             fresh = self.cluster is None
@@ -114,6 +126,8 @@ class Engine:
                     self.cluster.close()
                     self.cluster = None
                 raise
+        if self._balancer is not None:
+            self._balancer.joined(im.index)
         return next(d for d in self.cluster.describe() if d["name"] == im.name)
 
     def instance_managers(self) -> list[dict]:
@@ -131,6 +145,8 @@ class Engine:
         if self._closed:
             return
         self._closed = True
+        if self._balancer is not None:
+            self._balancer.close()
         if self.endpoint is not None:
             self.endpoint.close()
         for dep in self.deployments.values():
@@ -141,12 +157,16 @@ class Engine:
 
     # --- queries -----------------------------------------------------------------
     @checked(QueryError)
-    def deploy(self, query: Query, parallelism=1, bins: int = 128, retain: bool = True) -> Deployment:
+    def deploy(self, query: Query, parallelism=1, bins: int = 128, retain: bool = True,
+               balance: bool = False) -> Deployed:
         """Plan and start ``query``; ``parallelism``: an int or ``{operator name: instances}``.
 
-        ``retain=False``: its outputs keep no rows, they only reach subscribers
-        (:meth:`subscribe`); ``collect()`` and Spark readers then have nothing
-        to read. For long runs whose results are consumed as they come.
+        ``bins``: route-key buckets per stateful operator (a power of two): the
+        unit of live migration. ``retain=False``: its outputs keep no rows, they
+        only reach subscribers (:meth:`subscribe`); ``collect()`` and Spark
+        readers then have nothing to read. For long runs whose results are
+        consumed as they come. ``balance=True``: the engine migrates it live to
+        even the load of its instance managers (:mod:`sparkcep.migration.balancer`).
         """
         self._check_open()
         if not isinstance(query, Query):
@@ -166,22 +186,35 @@ class Engine:
         with self._lock:
             dep_id = f"{query.name}#{next(self._deployment_ids)}"
             if self.cluster is None or self.cluster.in_process():
-                dep = Deployment(dep_id, query, parallelism, bins, retain)
+                dep = Deployment(dep_id, query, parallelism, bins, retain, handoffs=self._handoffs,
+                                 board=self._board, lock=self._lock)
             else:
                 from sparkcep.runtime.remote import RemoteDeployment
-                dep = RemoteDeployment(self.cluster, dep_id, query, parallelism, bins, retain)
+                dep = RemoteDeployment(self.cluster, dep_id, query, parallelism, bins, retain, lock=self._lock)
             for out in query.outputs:
                 self.outputs[out] = dep.logs[out]
                 self._producer[out] = dep
             for name in query.sources:
                 self.streams.setdefault(name, []).append(dep)
             self.deployments[query.name] = dep
-        return dep
+            migrator = Migrator(lambda: [dep], self._lock, threading.Lock(), None if dep.runners else self.cluster)
+            self._migrators[query.name] = migrator
+            if balance and dep.runners:
+                log.warning("query %s: balance=True, but its instances run in the engine's process: "
+                            "there is nothing to balance", query.name)
+            elif balance:
+                if self._balancer is None:
+                    self._balancer = Balancer(self.cluster)
+                self._balancer.watch(dep, migrator)
+        return Deployed(dep, migrator)
 
     def undeploy(self, name: str) -> None:
         """Stop query ``name``: its instances go, its outputs and their logs are forgotten."""
         with self._lock:
             dep = self.deployments.pop(name, None)
+            self._migrators.pop(name, None)
+            if self._balancer is not None:
+                self._balancer.forget(name)
             if dep is None:
                 raise QueryError(f"no query named {name!r} is deployed; queries: {sorted(self.deployments)}")
             for out in dep.query.outputs:
@@ -303,7 +336,7 @@ class Engine:
             if dep.runners:  # its instances run in this process
                 inst = dep.instance_metrics()
             else:
-                inst = {ep: m for s in snaps.values() for ep, m in s["deployments"].get(dep.id, {}).items()}
+                inst = {ep: m for s in snaps.values() for ep, m in s["deployments"].get(dep.gen.wire, {}).items()}
             late[q], by_stream = late_counts(dep.plan, {ep: m["late"] for ep, m in inst.items()})
             for stream, ops in by_stream.items():
                 late_streams.setdefault(stream, {}).update({f"{q}.{op}": n for op, n in ops.items()})
@@ -322,6 +355,8 @@ class Engine:
             "late_by_stream": late_streams,
             "queries": queries,
             "instance_managers": ims,
+            "migrations": {q: m.snapshot() for q, m in list(self._migrators.items())},
+            "balancer": self._balancer.snapshot() if self._balancer is not None else None,
         }
 
     def _log(self, output: str) -> OutputLog:

@@ -34,3 +34,29 @@ def engine():
     import sparkcep as cep
     with cep.Engine.local(workers=0) as e:
         yield e
+
+
+_engines: dict = {}  # instance managers per engine -> the shared engine
+
+
+@pytest.fixture(scope="session")
+def worker_engines():
+    """``get(n)``: an engine with ``n`` instance managers, shared by the tests of one directory."""
+    def get(n: int):
+        if n not in _engines:
+            from sparkcep import Engine
+            _engines[n] = Engine.local(workers=n)
+        return _engines[n]
+    yield get
+    _close_engines()
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """Their instance managers stop with the tests of a directory, not at the end of the whole run."""
+    if nextitem is None or nextitem.path.parent != item.path.parent:
+        _close_engines()
+
+
+def _close_engines() -> None:
+    while _engines:
+        _engines.popitem()[1].close()

@@ -34,6 +34,7 @@ from sparkcep import auth
 from sparkcep.errors import EngineError
 from sparkcep.runtime import commands as cmd
 from sparkcep.runtime.channels import DEFAULT_CAPACITY, Doorbell, RingConsumer, hello
+from sparkcep.runtime.handoff import Board
 from sparkcep.runtime.placement import Slot, im_slots
 from sparkcep.runtime.topology import Topology
 from sparkcep.runtime.wiring import host_key
@@ -90,6 +91,8 @@ class Cluster:
         self.ims: list[InstanceManagerLink] = []
         self.asked = False  # the user asked for instance managers (workers=N, given addresses)
         self.deployments: dict = {}  # id -> RemoteDeployment (sparkcep.runtime.remote)
+        self.wires: dict = {}  # id of a generation on the instance managers -> its RemoteDeployment
+        self.board = Board()  # handoffs the instance managers installed
         self.lock = threading.RLock()
         self.progress = threading.Condition(self.lock)  # notified when outputs arrive or an IM dies
         self._replies: dict[int, list] = {}
@@ -200,6 +203,18 @@ class Cluster:
             for i in dep.assignment.values():
                 out[i] += 1
         return out
+
+    def by_name(self, name: str) -> InstanceManagerLink | None:
+        """The live instance manager called ``name``."""
+        return next((im for im in self.ims if im.name == name and im.dead is None), None)
+
+    def undeploy(self, wire: str, indices) -> None:
+        """Drop the part of generation ``wire`` that the live ones of instance managers ``indices`` run."""
+        live = [i for i in indices if self.ims[i].dead is None]
+        try:
+            self.request_all(live, lambda i, number: cmd.Undeploy(number, wire), timeout=5)
+        except EngineError:
+            pass
 
     def describe(self) -> list[dict]:
         """Every instance manager: name, address, pid, host, cpu, node and the instances it hosts."""
@@ -313,8 +328,8 @@ class Cluster:
 
     def _events(self, timeout: float) -> None:
         """Wait up to ``timeout`` for outputs, control records or an instance manager's death."""
-        consumers = [end for dep in list(self.deployments.values()) if dep.error is None
-                     for _, end in dep.sink.channels]
+        consumers = [f.end for dep in list(self.deployments.values()) if dep.error is None
+                     for f in dep.sink.feeds]
         links = {im.sock: im for im in self.ims if im.dead is None}
         fds = {self.sink_bell.fileno()}
         for end in consumers:
@@ -348,15 +363,35 @@ class Cluster:
             return
         for record in records:
             if isinstance(record, cmd.Failed):
-                dep = self.deployments.get(record.deployment)
+                dep = self.wires.get(record.deployment)
                 if dep is not None:
                     self.blame(dep, EngineError(record.message, record.code))
+                continue
+            if isinstance(record, cmd.Handoff):
+                self._relay(im, record)
+                continue
+            if isinstance(record, cmd.Installed):
+                self.board.installed(record.ticket, record.nbytes)
                 continue
             with self.progress:
                 slot = self._replies.get(record.number)
                 if slot is not None:
                     slot.append(record)
                 self.progress.notify_all()
+
+    def _relay(self, sender: InstanceManagerLink, record: cmd.Handoff) -> None:
+        """State one instance manager hands to an instance on another: pass it on, unread."""
+        to = self.by_name(record.host)
+        dep = self.wires.get(record.deployment)
+        try:
+            if to is None:
+                raise OSError(f"no live instance manager named {record.host!r}")
+            with to.send_lock:
+                cmd.send_record(to.sock, record)
+        except OSError as e:
+            if dep is not None:
+                dep.fail(EngineError(f"query {dep.query.name}: state handed over by {sender.name} cannot reach "
+                                     f"{record.host}: {e}", "HANDOFF"))
 
     def blame(self, dep, error: EngineError) -> None:
         """Fail ``dep`` with ``error`` — unless it is a channel whose peer died (PEER_DIED): then an
@@ -388,8 +423,7 @@ class Cluster:
                 code = im.process.wait(0.5)
             except subprocess.TimeoutExpired:
                 pass
-        hosted = {dep.query.name: sorted(f"{sq}[{i}]" for (sq, i), at in dep.assignment.items() if at == im.index)
-                  for dep in self.deployments.values()}
+        hosted = {dep.query.name: dep.uses(im.index) for dep in self.deployments.values()}
         hosted = {q: v for q, v in hosted.items() if v}
         what = "; ".join(f"query {q}: {', '.join(v)}" for q, v in hosted.items()) or "no instances"
         how = f"died with exit code {code}" if code is not None else "is gone (its control connection closed)"
@@ -505,7 +539,7 @@ def wait_ready(starting: list[Starting], tell=log.warning) -> list[dict]:
             told = now
             tell("waiting for %s to start: %s (numba compiles the engine's kernels on a machine's first run; "
                  "`sparkcep warm-up`, which the install runs, leaves them in its cache)",
-                 ", ".join(s.what for s in waiting), "; ".join(sorted({s.doing for s in waiting})))
+                 ", ".join(s.what for s in waiting), waiting[0].doing)
         ready, _, _ = select.select([s.process.stdout for s in waiting], [], [], 0.2)
         for s in waiting:
             if s.process.stdout in ready:
@@ -527,7 +561,7 @@ def _hear(s: Starting) -> None:
         elif text.startswith("READY "):
             s.info = json.loads(text[len("READY "):])
         elif text.startswith("FAILED "):
-            s.process.wait(5)
+            s.process.kill()  # it is exiting anyway
             raise EngineError(f"{s.what} failed to start: {text[len('FAILED '):]}", "WORKER_START")
         elif text:
             s.process.kill()

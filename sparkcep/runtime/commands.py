@@ -8,7 +8,9 @@ the records that follow are pickled dataclasses (a :class:`Deploy` carries
 the query, whose user functions need cloudpickle). Each request has a
 ``number``; the instance manager answers it with :class:`Reply` or
 :class:`Refused`, and reports on its own a deployment that failed
-(:class:`Failed`). Frames are ``length u32 | body``, with size limits.
+(:class:`Failed`), hands state over between instances (:class:`Handoff`, relayed
+by the engine) and says when it installed some (:class:`Installed`). Frames
+are ``length u32 | body``, with size limits.
 """
 
 from __future__ import annotations
@@ -110,6 +112,25 @@ class Refused:
     number: int
     message: str
     code: str
+
+
+@dataclass
+class Handoff:
+    """State an instance of generation ``deployment`` hands to the process ``host`` under ``ticket``
+    (:mod:`sparkcep.runtime.handoff`): pickled, sent to the engine, which passes it on unread."""
+
+    deployment: str
+    ticket: str
+    host: str
+    blob: bytes
+
+
+@dataclass
+class Installed:
+    """The state handed over under ``ticket`` (``nbytes`` of it) is installed."""
+
+    ticket: str
+    nbytes: int
 
 
 @dataclass

@@ -1,9 +1,19 @@
-"""A deployed query as the engine sees it: plan, instances, sources, outputs, progress, bin tables.
+"""A deployed query as the engine sees it: plan, generations of instances, sources, outputs, bin tables.
+
+A deployment runs as a *generation*: one wiring of its instances
+(placement, channels). Changing where instances run or how many there are
+(State Transfer, rescaling, rebuilding a lost replica) prepares the next
+generation beside the running one (:meth:`Deployment.prepare`) and cuts over
+at an epoch (:meth:`Deployment.cut_over`): the running generation hands its
+state over (``Export``) and retires, the new one installs it (``Import``) and
+takes every epoch from then on (DESIGN §5). Moving bins between the
+instances of one generation (Megaphone) needs no new generation:
+:meth:`Deployment.control` sends the records into the running one.
 
 :class:`Deployment` runs every instance in the calling process
 (``Engine.local(workers=0)``): channels are in-process queues and each
 engine call runs the instances until nothing is left to do, so results are
-there when ``send`` returns. :class:`~sparkcep.runtime.cluster.RemoteDeployment`
+there when ``send`` returns. :class:`~sparkcep.runtime.remote.RemoteDeployment`
 runs the same instances (:class:`~sparkcep.runtime.instance.InstanceRunner`,
 wired by :mod:`sparkcep.runtime.wiring`) on instance managers; the source
 side (stamping epochs, routing source batches, watermarks per source), the
@@ -13,8 +23,9 @@ this module's, for both.
 
 from __future__ import annotations
 
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
@@ -24,13 +35,16 @@ from sparkcep.core.operators import WM_END, WM_NONE
 from sparkcep.errors import EngineError, OperatorError, QueryError
 from sparkcep.query.planner import Plan, plan
 from sparkcep.query.query import Query
-from sparkcep.runtime.balancers import bin_tables
-from sparkcep.runtime.channels import Configure, LocalChannel
+from sparkcep.runtime.balancers import Router, bin_tables
+from sparkcep.runtime.channels import Configure, Consumer, Control, LocalChannel, Producer, Retire
+from sparkcep.runtime.handoff import ENGINE_HOST, Board, Handoffs
 from sparkcep.runtime.layout import ENGINE, Endpoint, Layout
 from sparkcep.runtime.metrics import EpochClock
 from sparkcep.runtime.output_log import OutputLog
 from sparkcep.runtime.sink import Sink
 from sparkcep.runtime.wiring import host_runners, source_router
+
+HANDOFF_TIMEOUT_S = 120.0  # state handed over must be installed within this long
 
 
 @dataclass
@@ -69,6 +83,30 @@ def parallelism_of(p: Plan, parallelism) -> dict[str, int]:
     return out
 
 
+@dataclass
+class Generation:
+    """One wiring of a deployment's instances: the sources' router and channels, the outputs' channels."""
+
+    number: int
+    layout: Layout
+    source_router: Router
+    source_channels: dict[Endpoint, Producer]
+    outputs: dict[Endpoint, Consumer]  # the channels into the engine's sink
+    runners: list = field(default_factory=list)  # the instances, when they run in this process
+    feeds: list = field(default_factory=list)  # the sink's feeds of ``outputs``
+
+    def __post_init__(self):
+        self.source_streams = {c: self.layout.sources_of(self.layout.sq[c[0]]) for c in self.source_channels}
+
+    def host_of(self, endpoint: Endpoint) -> str:
+        """The process running ``endpoint``, as Export items name it."""
+        return ENGINE_HOST
+
+    def close(self) -> None:
+        """Drop the instances: their state is freed now, not at the next cyclic collection."""
+        self.runners = []
+
+
 class Deployment:
     """A query running in this process; made by :meth:`sparkcep.Engine.deploy`.
 
@@ -76,17 +114,21 @@ class Deployment:
     batch, :meth:`flush` until the instances' channels took it, then
     :meth:`progress` (closing the epoch) — or :meth:`abort` if anything failed
     before progress, which voids the epoch everywhere. :meth:`end` closes a
-    stream.
+    stream. Calls that change it hold :attr:`lock` (the engine's), so control
+    records fall between epochs.
     """
 
-    def __init__(self, id: str, query: Query, parallelism=1, bins: int = 128, retain: bool = True):
+    def __init__(self, id: str, query: Query, parallelism=1, bins: int = 128, retain: bool = True,
+                 handoffs: Handoffs | None = None, board: Board | None = None, lock=None):
         if not isinstance(bins, int) or bins < 1 or bins & (bins - 1):
             raise QueryError(f"bins must be a power of two, got {bins}")
         self.id, self.query, self.bins = id, query, bins
         self.plan = plan(query)
         self.parallelism = parallelism_of(self.plan, parallelism)
-        self.layout = Layout(self.plan, self.parallelism)
-        self.tables = bin_tables(self.layout, bins)  # the authoritative bin tables; routers hold copies
+        self.tables = bin_tables(Layout(self.plan, self.parallelism), bins)  # authoritative; routers hold copies
+        self.board = board or Board()
+        self.handoffs = handoffs or Handoffs(ENGINE_HOST, report=self.board.installed)
+        self.lock = lock or threading.RLock()
         self.controls = 0  # control records sent so far (their numbers)
         self.logs = {out: OutputLog(op.schema.to_arrow(), out, retain, deployment=id)
                      for out, op in query.outputs.items()}
@@ -96,17 +138,32 @@ class Deployment:
         self.error: EngineError | None = None
         self._arrival: int | None = None
         self._undo: dict[str, tuple[int, int]] = {}  # stream -> its (max_ts, rows) before the open epoch
-        self._connect()
-        self._source_streams = {c: self.layout.sources_of(self.layout.sq[c[0]]) for c in self._source_channels}
+        self.generations = 0
+        self.retiring: list[Generation] = []  # generations handing over to the running one
+        self.sink = Sink(Layout(self.plan, self.parallelism), self.logs, self.clock)
+        self.gen = self._generation(self.parallelism, None)
+        self.gen.feeds = self.sink.add(self.gen.outputs, 0)
 
-    def _connect(self) -> None:
-        """Create the instances and their channels: here all in this process."""
-        chans = {pc: LocalChannel() for pc in self.layout.channels()}
-        self.runners = host_runners(self.layout, self.bins, None, self.layout.instances(), chans, chans, self.clock)
-        self._source_channels = {c: chans[(ENGINE, c)] for c in self.layout.consumers(ENGINE)}
-        self.source_router = source_router(self.layout, self.bins, None, chans)
-        self.sink = Sink(self.layout, self.logs, self.clock, {p: chans[(p, ENGINE)]
-                                                               for p in self.layout.producers(ENGINE)})
+    def _generation(self, parallelism: dict[str, int], placement) -> Generation:
+        """Create the instances of a generation and their channels: here all in this process."""
+        self.generations += 1
+        layout = Layout(self.plan, parallelism)
+        owners = {op: t.owners.tolist() for op, t in self.tables.items()}
+        chans = {pc: LocalChannel() for pc in layout.channels()}
+        return Generation(self.generations, layout, source_router(layout, self.bins, owners, chans),
+                          {c: chans[(ENGINE, c)] for c in layout.consumers(ENGINE)},
+                          {p: chans[(p, ENGINE)] for p in layout.producers(ENGINE)},
+                          host_runners(layout, self.bins, owners, layout.instances(), chans, chans, self.clock,
+                                       self.handoffs))
+
+    @property
+    def layout(self) -> Layout:
+        return self.gen.layout
+
+    @property
+    def runners(self) -> list:
+        """The instances running in this process (none when they run on instance managers)."""
+        return [r for g in [self.gen, *self.retiring] for r in g.runners]
 
     def explain(self) -> str:
         """The plan with the instances of each sub-query and where each runs."""
@@ -127,7 +184,7 @@ class Deployment:
         if self._arrival is None:
             self._arrival = time.monotonic_ns()
         frontier = int(batch.column(columns.SEQ)[batch.num_rows - 1].as_py())
-        self.source_router.send(stream, batch, (self.epoch, frontier, self._arrival))
+        self.gen.source_router.send(stream, batch, (self.epoch, frontier, self._arrival))
 
     def flush(self) -> None:
         """Return once the instances' channels hold everything pushed (in-process: at once)."""
@@ -137,7 +194,7 @@ class Deployment:
         for stream, (max_ts, rows) in self._undo.items():
             self.sources[stream].max_ts, self.sources[stream].rows = max_ts, rows
         self._undo, self._arrival = {}, None
-        self.source_router.abort(self.epoch)
+        self.gen.source_router.abort(self.epoch)
         self.epoch += 1
 
     def progress(self, frontier: int) -> None:
@@ -146,41 +203,125 @@ class Deployment:
         arrival = self._arrival or time.monotonic_ns()
         self._undo, self._arrival = {}, None
         self.clock.note(self.epoch, frontier, arrival)
-        for consumer, ch in self._source_channels.items():  # each instance: min over the streams it reads
-            wm = min(self.sources[s].watermark for s in self._source_streams[consumer])
+        gen = self.gen
+        for consumer, ch in gen.source_channels.items():  # each instance: min over the streams it reads
+            wm = min(self.sources[s].watermark for s in gen.source_streams[consumer])
             ch.send_progress(self.epoch, frontier, wm, arrival)
         self.epoch += 1
         self._run()
 
-    def configure(self, operator: str, owners) -> None:
-        """From the next epoch on, bin ``b`` of ``operator`` belongs to instance ``owners[b]``.
+    def end(self, stream: str, frontier: int) -> None:
+        self.sources[stream].ended = True
+        self.progress(frontier)
 
-        A :class:`~sparkcep.runtime.channels.Configure` record travels with the
-        data and every router applies it at that epoch. It moves routing only:
-        the state of the bins (and the tuples pending for them) must move with
-        it (live migration), or be empty.
+    # --- control -----------------------------------------------------------------
+    def control(self, *records: Control) -> None:
+        """Send control records into the running generation, to take effect at the open epoch.
+
+        Each record is numbered and stamped here (its ``epoch`` and ``number``
+        as given are replaced). A :class:`Configure` also changes the
+        authoritative bin table.
         """
-        self.check()
-        table = self._table(operator)
-        table.set(owners)
+        with self.lock:
+            self.check()
+            for record in records:
+                if isinstance(record, Configure):
+                    self._table(record.operator).set(record.owners)
+                self._stamp(record)
+                self.gen.source_router.control(record)
+            self._run()
+
+    def configure(self, operator: str, owners) -> None:
+        """From the open epoch on, bin ``b`` of ``operator`` belongs to instance ``owners[b]``.
+
+        Routing only: the state of the bins (and the tuples pending for them)
+        must move with it (:mod:`sparkcep.migration` sends the records that
+        move it), or be empty.
+        """
+        self._table(operator)
+        self.control(Configure(0, 0, operator, [int(o) for o in owners]))
+
+    def _stamp(self, record: Control) -> None:
         self.controls += 1
-        self.source_router.control(Configure(self.epoch, self.controls, operator, table.owners.tolist()))
+        record.epoch, record.number = self.epoch, self.controls
+
+    def prepare(self, parallelism: dict[str, int], placement=None) -> Generation:
+        """Deploy the next generation beside the running one: its instances wait for :meth:`cut_over`.
+
+        ``parallelism``: instances per sub-query (``{"SQ1": 2, ...}``);
+        ``placement``: where its instances run ({endpoint: instance manager
+        index}; None: the placement decides). Nothing changes for the running
+        generation; on failure nothing is left of the new one.
+        """
+        return self._generation(dict(parallelism), placement)
+
+    def cut_over(self, gen: Generation, imports=(), retire: bool = True) -> None:
+        """From the open epoch on, ``gen`` runs the deployment.
+
+        Call it holding :attr:`lock`, right after sending the ``Export`` records
+        whose tickets ``imports`` name (into this deployment, or into a replica
+        of it): the running generation passes a ``Retire`` (unless it died:
+        ``retire=False``, and its feeds are dropped), ``gen`` gets the
+        ``imports`` first, and the sink reads ``gen``'s outputs from this epoch on.
+        """
+        old = self.gen
+        if retire:
+            record = Retire(0, 0)
+            self._stamp(record)
+            old.source_router.control(record)
+            self.retiring.append(old)
+        else:
+            self.sink.drop(old.feeds)
+            old.close()
+        for record in imports:
+            self._stamp(record)
+            gen.source_router.control(record)
+        gen.feeds = self.sink.add(gen.outputs, self.epoch - 1)
+        self.gen, self.parallelism = gen, dict(gen.layout.parallelism)
+        owners = {op: t.owners.tolist() for op, t in self.tables.items()}
+        self.tables = bin_tables(gen.layout, self.bins, owners)
         self._run()
+
+    def await_handoffs(self, tickets, timeout: float = HANDOFF_TIMEOUT_S) -> int:
+        """Wait until the state handed over under ``tickets`` is installed; returns its bytes."""
+        return self.board.wait(tickets, timeout, self.check)
+
+    def await_retired(self, timeout: float = HANDOFF_TIMEOUT_S) -> None:
+        """Wait until every retiring generation passed its Retire record to the sink, then drop it."""
+        deadline = time.monotonic() + timeout
+        while self.retiring:
+            with self.lock:
+                self._run()
+                done = [g for g in self.retiring if self.sink.retired(g.feeds)]
+                for g in done:
+                    self.retiring.remove(g)
+            for g in done:
+                self._drop_generation(g)
+            if not self.retiring:
+                return
+            self.check()
+            if time.monotonic() > deadline:
+                raise EngineError(f"query {self.query.name}: the previous generation of its instances did not "
+                                  f"retire within {timeout:.0f} s", "RETIRE_TIMEOUT")
+            time.sleep(0.005)
+
+    def _drop_generation(self, gen: Generation) -> None:
+        gen.close()
 
     def bin_owners(self, operator: str) -> list[int]:
         """For each bin of stateful ``operator``, the instance that owns it."""
         return self._table(operator).owners.tolist()
 
+    def host_of(self, endpoint: Endpoint) -> str:
+        """The process running ``endpoint`` of the running generation, as Export items name it."""
+        return self.gen.host_of(endpoint)
+
     def _table(self, operator: str):
         if operator not in self.tables:
             raise QueryError(f"query {self.query.name!r} has no route-key operator named {operator!r} "
                              f"(a stateful operator with by=/on= keys on more than one instance); "
-                             f"bin tables: {sorted(self.tables)}")
+                             f"bin tables: {sorted(self.tables)}", "UNKNOWN_OPERATOR")
         return self.tables[operator]
-
-    def end(self, stream: str, frontier: int) -> None:
-        self.sources[stream].ended = True
-        self.progress(frontier)
 
     def _run(self) -> None:
         """Run every instance until nothing moves (in-process: results are out when this returns).
@@ -188,9 +329,10 @@ class Deployment:
         An operator that raises fails the deployment (:class:`~sparkcep.errors.OperatorError`);
         the epoch it was in never reaches the outputs.
         """
+        runners = self.runners
         try:
             while True:
-                moved = sum(r.poll(budget=1 << 30) for r in self.runners)
+                moved = sum(r.poll(budget=1 << 30) for r in runners)
                 if not moved:
                     break
         except OperatorError as e:
@@ -214,10 +356,12 @@ class Deployment:
 
     def close(self) -> None:
         """Drop the deployment's instances: their state is freed now, not at the next cyclic collection."""
-        self.runners = []
+        for g in [self.gen, *self.retiring]:
+            g.close()
+        self.retiring = []
 
     # --- state -----------------------------------------------------------------
     def instance_metrics(self) -> dict[Endpoint, dict]:
         """Per instance: counters (rows, batches, busy time, latency histogram, epoch) and queues."""
         return {r.endpoint: {**r.counters.snapshot(), "queue": r.queued(), "late": r.late()}
-                for r in self.runners}
+                for r in self.gen.runners}

@@ -22,7 +22,11 @@ advances epoch by epoch, each time all its inputs have delivered it:
   bin table, say) is applied once every input delivered it, between the
   epoch before it and the one it starts, then passed on — an input that
   delivered it waits for the others meanwhile (Megaphone's updates at a
-  frontier).
+  frontier). There the instance has consumed everything before the record
+  and nothing after it, so that is where state moves
+  (:mod:`sparkcep.runtime.handoff`): an ``Export`` hands bins (or the whole
+  instance) over, an ``Import`` holds the instance's progress until what it
+  imports arrived and is installed, a ``Retire`` ends the instance.
 
 So an instance consumes exactly what it would consume in one process,
 whatever the interleaving of its channels: results equal the in-process
@@ -33,11 +37,14 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 from sparkcep.core import columns
 from sparkcep.core.subquery import SubQueryInstance
 from sparkcep.errors import EngineError
 from sparkcep.runtime.balancers import Router
-from sparkcep.runtime.channels import Abort, Consumer, Control, Data, Progress
+from sparkcep.runtime.channels import Abort, Consumer, Control, Data, Export, Import, Progress, Retire
+from sparkcep.runtime.handoff import Adopted, Handoffs
 from sparkcep.runtime.layout import Endpoint, Layout
 from sparkcep.runtime.metrics import Counters, EpochClock, Histogram, record_latency
 
@@ -51,10 +58,11 @@ class InstanceRunner:
     """
 
     def __init__(self, layout: Layout, endpoint: Endpoint, bins: int, inputs: dict[Endpoint, Consumer],
-                 router: Router, clock: EpochClock):
+                 router: Router, clock: EpochClock, handoffs: Handoffs):
         sq = layout.sq[endpoint[0]]
-        self.layout, self.endpoint, self.router, self.clock = layout, endpoint, router, clock
+        self.layout, self.endpoint, self.router, self.clock, self.handoffs = layout, endpoint, router, clock, handoffs
         self.instance = SubQueryInstance(layout.plan, sq, endpoint[1], bins)
+        self.head = sq.head.name
         self.buffers = self.instance.stateful is not None
         self.channels = [inputs[p] for p in layout.producers(endpoint)]
         self.pending: list[list] = [[] for _ in self.channels]  # progress and control not yet applied, per input
@@ -62,6 +70,8 @@ class InstanceRunner:
         self.stash: dict[int, list] = {}  # epoch -> [(input, edge, batch)] for a stateful head
         self.counters = Counters()
         self.name = f"{sq.name}[{endpoint[1]}]"
+        self.importing: list[str] = []  # tickets to install before consuming anything more, in order
+        self.retired = False  # passed a Retire on: its generation of the deployment is over
 
     def poll(self, budget: int = 32) -> int:
         """Handle up to ``budget`` messages per input while no output is backed up; returns how many.
@@ -72,10 +82,12 @@ class InstanceRunner:
         """
         done = 0
         t0 = time.perf_counter_ns()
+        if self.importing:
+            done += self._install()
         router = self.router
         for k, ch in enumerate(self.channels):
             n = 0
-            while n < budget and not router.backlog_bytes and not self.held[k]:
+            while n < budget and not router.backlog_bytes and not self.held[k] and not self.retired:
                 msg = ch.receive()
                 if msg is None:
                     break
@@ -114,7 +126,7 @@ class InstanceRunner:
 
     def _advance(self) -> None:
         pending = self.pending
-        while all(pending):
+        while all(pending) and not self.importing and not self.retired:
             heads = [p.pop(0) for p in pending]
             first = heads[0]
             epoch = first.epoch
@@ -125,7 +137,7 @@ class InstanceRunner:
                 if any(h != first for h in heads):
                     raise EngineError(f"{self.name}: inputs disagree on control record {first}", "EPOCH")
                 self.held = [n - 1 for n in self.held]
-                self.router.control(first)
+                self._control(first)
                 continue
             aborted = [type(h) is Abort for h in heads]
             if any(aborted):
@@ -143,6 +155,47 @@ class InstanceRunner:
             self._emit(self.instance.advance(first.frontier, watermark), stamp)
             self.router.progress(epoch, first.frontier, self.instance.output_watermark(watermark), first.arrival)
             self.counters.epoch = epoch
+
+    def _control(self, record: Control) -> None:
+        """Apply an aligned control record to this instance, then pass it on (the router applies its own)."""
+        me = self.endpoint[1]
+        if isinstance(record, Export) and record.operator == self.head:
+            for i, ticket, host, how, bins in record.items:
+                if i == me:
+                    self.handoffs.send(ticket, host, self._export(how, bins))
+        elif isinstance(record, Import) and record.operator == self.head:
+            self.importing += [ticket for i, ticket in record.items if i == me]
+        self.router.control(record)
+        if isinstance(record, Retire):
+            self.retired = True
+
+    def _export(self, how: str, bins):
+        if how == "adopt":
+            return Adopted(self.instance, self.counters)
+        op = self.instance.stateful
+        if op is None:
+            raise EngineError(f"{self.name}: has no state to hand over ({how})", "HANDOFF")
+        chosen = None if bins is None else np.asarray(bins, np.int64)
+        return op.take_bins(chosen) if how == "take" else op.copy_bins(chosen)
+
+    def _install(self) -> int:
+        """Install what arrived of the tickets being imported, in their order; 1 if any was."""
+        done = 0
+        while self.importing:
+            state = self.handoffs.take(self.importing[0])
+            if state is None:
+                break
+            ticket = self.importing.pop(0)
+            if isinstance(state, Adopted):
+                self.instance, self.counters, nbytes = state.instance, state.counters, 0
+            else:
+                self.instance.stateful.put_bins(state)
+                nbytes = state.nbytes
+            self.handoffs.installed(ticket, nbytes)
+            done = 1
+        if done and not self.importing:
+            self._advance()
+        return done
 
     def _emit(self, outs, stamp) -> None:
         """Send (operator, batch) pairs as ``outs`` yields them."""

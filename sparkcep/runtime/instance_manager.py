@@ -46,6 +46,7 @@ from sparkcep.errors import EngineError, OperatorError
 from sparkcep.query.planner import plan
 from sparkcep.runtime import commands as cmd
 from sparkcep.runtime.channels import ChannelClosed, Doorbell, hello, tcp
+from sparkcep.runtime.handoff import Handoffs
 from sparkcep.runtime.layout import Endpoint, Layout
 from sparkcep.runtime.metrics import EpochClock
 from sparkcep.runtime.process import GCPauses, keep_freed_memory
@@ -76,11 +77,12 @@ class Hosted:
 
 @dataclass
 class Link:
-    """An engine's control connection."""
+    """An engine's control connection, and the state its deployments hand over to this process."""
 
     sock: socket.socket
     reader: cmd.RecordReader
     peer: str
+    arrived: dict = field(default_factory=dict)  # ticket -> state, shared by the link's deployments
 
 
 class InstanceManager:
@@ -100,6 +102,7 @@ class InstanceManager:
         self.hosted: dict[tuple[int, str], Hosted] = {}  # (id of the link, deployment id) -> part
         self.gate = tcp.Gate(token)  # checks every hello; counts the refused
         self.stopping = False
+        self.busy_ns = 0  # wall time spent in turns that did work: the balancer's measure of load
         self.process = psutil.Process()
         self.gc_pauses = GCPauses()
         gc.callbacks.append(self.gc_pauses)
@@ -112,12 +115,13 @@ class InstanceManager:
     def loop(self) -> None:
         turns, idle_since = 0, None
         while not self.stopping:
-            work = 0
+            work, t0 = 0, time.perf_counter_ns()
             for h in list(self.hosted.values()):
                 if not h.failed:
                     work += self._step(h)
             turns += 1
             if work:
+                self.busy_ns += time.perf_counter_ns() - t0
                 idle_since = None
                 if turns % CONTROL_EVERY == 0:
                     self._io(0)
@@ -258,6 +262,9 @@ class InstanceManager:
                 value = self._undeploy(link, record.deployment)
             elif isinstance(record, cmd.Metrics):
                 value = self.snapshot(link)
+            elif isinstance(record, cmd.Handoff):  # state for an instance here, relayed by the engine
+                link.arrived[record.ticket] = record.blob
+                return
             elif isinstance(record, cmd.Stop):
                 self.stopping, value = True, None
             else:
@@ -292,8 +299,12 @@ class InstanceManager:
         """Open the other ends (ring producers, connections to listening peers); build the instances."""
         h = self.hosted[(id(link), dep)]
         h.ends.open_rest(addresses)
+        handoffs = Handoffs(self.name, forward=lambda ticket, host, blob: self._tell(
+                                link, cmd.Handoff(dep, ticket, host, blob)),
+                            report=lambda ticket, nbytes: self._tell(link, cmd.Installed(ticket, nbytes)))
+        handoffs.arrived = link.arrived
         h.runners = host_runners(h.layout, h.spec.bins, h.spec.owners, h.mine, h.ends.inputs, h.ends.outputs,
-                                 EpochClock())
+                                 EpochClock(), handoffs)
         return {"instances": [r.name for r in h.runners], "pid": os.getpid()}
 
     def _undeploy(self, link: Link, dep: str) -> None:
@@ -316,7 +327,7 @@ class InstanceManager:
         cpu = self.process.cpu_times()
         return {"deployments": deps, "bytes_in": bytes_in, "bytes_out": bytes_out,
                 "cpu_s": cpu.user + cpu.system, "rss": mem.rss, "cpu_num": self.process.cpu_num(),
-                "pid": os.getpid(), "time": time.monotonic(), "gc": self.gc_pauses.snapshot(),
+                "pid": os.getpid(), "time": time.monotonic(), "busy_ns": self.busy_ns, "gc": self.gc_pauses.snapshot(),
                 "refused_connections": self.gate.refused}
 
     def close(self) -> None:

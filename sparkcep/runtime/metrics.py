@@ -65,6 +65,7 @@ class EpochClock:
     def __init__(self, keep: int = 1 << 16):
         self.keep = keep
         self.last = 0
+        self.epochs = np.zeros(1024, np.int64)
         self.frontier = np.zeros(1024, np.int64)
         self.arrival = np.zeros(1024, np.int64)
         self.n = 0
@@ -76,15 +77,21 @@ class EpochClock:
         if self.n == len(self.frontier):
             if self.n >= self.keep:
                 half = self.n // 2
-                self.frontier[:half] = self.frontier[half:self.n]
-                self.arrival[:half] = self.arrival[half:self.n]
+                for a in (self.epochs, self.frontier, self.arrival):
+                    a[:half] = a[half:self.n]
                 self.n -= half
             else:
-                self.frontier = np.concatenate([self.frontier, np.zeros_like(self.frontier)])
-                self.arrival = np.concatenate([self.arrival, np.zeros_like(self.arrival)])
+                self.epochs, self.frontier, self.arrival = (np.concatenate([a, np.zeros_like(a)]) for a in
+                                                            (self.epochs, self.frontier, self.arrival))
+        self.epochs[self.n] = epoch
         self.frontier[self.n] = frontier
         self.arrival[self.n] = arrival
         self.n += 1
+
+    def arrival_of(self, epoch: int) -> int | None:
+        """When ``epoch`` arrived at the engine (ns), if it is kept."""
+        i = int(np.searchsorted(self.epochs[:self.n], epoch))
+        return int(self.arrival[i]) if i < self.n and self.epochs[i] == epoch else None
 
     def latency_us(self, seq: np.ndarray, now_ns: int) -> np.ndarray:
         if not self.n:

@@ -136,3 +136,19 @@ def place(layout: Layout, slots: list[Slot], topology: Topology,
 
 def _size(root, group, sizes, find) -> int:
     return sum(n for sq, n in sizes.items() if find(sq) == root)
+
+
+def extend(assignment: dict[Endpoint, int], layout: Layout, slots: list[Slot],
+           load: dict[int, int]) -> dict[Endpoint, int]:
+    """``assignment`` plus a slot for every instance of ``layout`` it lacks (new instances of a rescaled
+    sub-query): the live slot with the fewest instances of that sub-query, then the least loaded."""
+    out = dict(assignment)
+    load = dict.fromkeys((s.index for s in slots), 0) | dict(load)
+    for ep in layout.instances():
+        if ep in out:
+            continue
+        same = {i: sum(1 for e, at in out.items() if e[0] == ep[0] and at == i) for i in load}
+        best = min(slots, key=lambda s: (same[s.index], load[s.index], s.index))
+        out[ep] = best.index
+        load[best.index] += 1
+    return out

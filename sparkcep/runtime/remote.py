@@ -4,80 +4,125 @@ The engine side of it: placement, the channel plan, the two set-up steps
 (deploy, then start, on every instance manager hosting a part; the engine
 opens its own ends — the sources' producers, the outputs' consumers — the
 same way, :class:`~sparkcep.runtime.wiring.ChannelEnds`), the sources'
-back-pressure and the wait for outputs.
+back-pressure and the wait for outputs. Each generation of the deployment
+is deployed on the instance managers under an id of its own (``q#1.2``).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 
 from sparkcep.errors import EngineError
 from sparkcep.query.query import Query
 from sparkcep.runtime import commands as cmd
 from sparkcep.runtime.channels import ChannelClosed
 from sparkcep.runtime.cluster import PEER_GRACE_S, Cluster
-from sparkcep.runtime.deployment import Deployment
-from sparkcep.runtime.layout import ENGINE, Endpoint
+from sparkcep.runtime.deployment import Deployment, Generation
+from sparkcep.runtime.layout import ENGINE, Endpoint, Layout
 from sparkcep.runtime.placement import place
-from sparkcep.runtime.sink import Sink
 from sparkcep.runtime.wiring import ChannelEnds, plan_channels, source_router
 
 WAIT_TIMEOUT_S = 120.0     # collect()/wait(): outputs must catch up within this long
 SEND_TIMEOUT_S = 60.0      # send(): a channel must take something within this long
 
 
+@dataclass
+class RemoteGeneration(Generation):
+    """A generation whose instances run on instance managers: where each runs, and the engine's ends."""
+
+    wire: str = ""  # its id on the instance managers
+    assignment: dict = None  # endpoint -> instance manager index
+    names: dict = None  # instance manager index -> name
+    ends: ChannelEnds = None
+    cluster: Cluster = None
+
+    @property
+    def hosts(self) -> list[int]:
+        return sorted(set(self.assignment.values()))
+
+    def host_of(self, endpoint: Endpoint) -> str:
+        return self.names[self.assignment[endpoint]]
+
+    def close(self) -> None:
+        """Undeploy its parts on the instance managers still alive and close the engine's ends."""
+        self.cluster.undeploy(self.wire, self.hosts)
+        self.ends.close()
+
+
 class RemoteDeployment(Deployment):
     """A query whose instances run on the cluster's instance managers."""
 
     def __init__(self, cluster: Cluster, id: str, query: Query, parallelism=1, bins: int = 128,
-                 retain: bool = True):
+                 retain: bool = True, **kw):
         self.cluster = cluster
         self.sink_lock = threading.Lock()
         self.closed = False
-        super().__init__(id, query, parallelism, bins, retain)
-
-    def _connect(self) -> None:
-        cluster, layout = self.cluster, self.layout
-        slots, topology = cluster.slots_and_topology()
-        if not slots:
-            raise EngineError("no live instance manager to deploy to", "NO_WORKERS")
-        self.assignment = place(layout, slots, topology, None, cluster.load())
-        ims = cluster.ims
-        host_of = {ENGINE: cluster.host, **{ep: ims[i].info.host for ep, i in self.assignment.items()}}
-        address_of = {ENGINE: None, **{ep: ims[i].info.address for ep, i in self.assignment.items()}}
-        plans = plan_channels(layout, host_of, address_of, self.id)
-        self.hosts = sorted(set(self.assignment.values()))
-        self.ends = ChannelEnds(self.id, plans, {ENGINE}, cluster.dir, cluster.sink_bell, cluster.send_bell,
-                                cluster.token, cluster.ring_bytes, batches_stay=True)
-        owners = {op: t.owners.tolist() for op, t in self.tables.items()}
-        try:
-            made = self.ends.open_first()  # the rings this process consumes
-            query = cmd.pickled(self.query)
-            names = {ep: ims[i].name for ep, i in self.assignment.items()}
-
-            def touching(i):
-                return {k: v for k, v in plans.items() if self.assignment.get(k[0]) == i or self.assignment.get(k[1]) == i}
-            for value in cluster.request_all(self.hosts, lambda i, number: cmd.Deploy(number, cmd.DeploySpec(
-                    self.id, query, self.parallelism, self.bins, owners, names, touching(i),
-                    cluster.ring_bytes))).values():
-                made.update(value)
-            self.ends.open_rest(made)
-            for i in self.hosts:  # one at a time: two instance managers connecting to each other wait on each other
-                cluster.request_all([i], lambda i, number: cmd.Start(
-                    number, self.id, {k: made[k] for k in touching(i) if k in made}))
-        except BaseException:
-            self._undeploy_parts()
-            raise
-        finally:
-            self.ends.unlink()  # every end is open: the ring files can go
-        self.runners = []
-        self._source_channels = {c: self.ends.outputs[(ENGINE, c)] for c in layout.consumers(ENGINE)}
-        self.source_router = source_router(layout, self.bins, owners, self.ends.outputs)
-        self.sink = Sink(layout, self.logs, self.clock,
-                         {p: self.ends.inputs[(p, ENGINE)] for p in layout.producers(ENGINE)})
+        super().__init__(id, query, parallelism, bins, retain, board=cluster.board, **kw)
         with cluster.lock:
             cluster.deployments[self.id] = self
+
+    def _generation(self, parallelism: dict[str, int], placement) -> RemoteGeneration:
+        cluster = self.cluster
+        self.generations += 1
+        layout = Layout(self.plan, parallelism)
+        wire = self.id if self.generations == 1 else f"{self.id}.{self.generations}"
+        if placement is None:
+            slots, topology = cluster.slots_and_topology()
+            if not slots:
+                raise EngineError("no live instance manager to deploy to", "NO_WORKERS")
+            placement = place(layout, slots, topology, None, cluster.load())
+        ims = cluster.ims
+        host_of = {ENGINE: cluster.host, **{ep: ims[i].info.host for ep, i in placement.items()}}
+        address_of = {ENGINE: None, **{ep: ims[i].info.address for ep, i in placement.items()}}
+        plans = plan_channels(layout, host_of, address_of, wire)
+        hosts = sorted(set(placement.values()))
+        ends = ChannelEnds(wire, plans, {ENGINE}, cluster.dir, cluster.sink_bell, cluster.send_bell,
+                           cluster.token, cluster.ring_bytes, batches_stay=True)
+        owners = {op: t.owners.tolist() for op, t in self.tables.items()}
+        cluster.wires[wire] = self
+        try:
+            made = ends.open_first()  # the rings this process consumes
+            query = cmd.pickled(self.query)
+            names = {ep: ims[i].name for ep, i in placement.items()}
+
+            def touching(i):
+                return {k: v for k, v in plans.items() if placement.get(k[0]) == i or placement.get(k[1]) == i}
+            for value in cluster.request_all(hosts, lambda i, number: cmd.Deploy(number, cmd.DeploySpec(
+                    wire, query, parallelism, self.bins, owners, names, touching(i), cluster.ring_bytes))).values():
+                made.update(value)
+            ends.open_rest(made)
+            for i in hosts:  # one at a time: two instance managers connecting to each other wait on each other
+                cluster.request_all([i], lambda i, number: cmd.Start(
+                    number, wire, {k: made[k] for k in touching(i) if k in made}))
+        except BaseException:
+            cluster.undeploy(wire, hosts)
+            ends.close()
+            cluster.wires.pop(wire, None)
+            raise
+        finally:
+            ends.unlink()  # every end is open: the ring files can go
+        return RemoteGeneration(self.generations, layout, source_router(layout, self.bins, owners, ends.outputs),
+                                {c: ends.outputs[(ENGINE, c)] for c in layout.consumers(ENGINE)},
+                                {p: ends.inputs[(p, ENGINE)] for p in layout.producers(ENGINE)},
+                                wire=wire, assignment=dict(placement), names={i: ims[i].name for i in hosts},
+                                ends=ends, cluster=cluster)
+
+    def _drop_generation(self, gen: Generation) -> None:
+        with self.sink_lock:
+            gen.close()
+        self.cluster.wires.pop(gen.wire, None)
+
+    @property
+    def assignment(self) -> dict[Endpoint, int]:
+        """Where each instance of the running generation runs (instance manager index)."""
+        return self.gen.assignment
+
+    def uses(self, im: int) -> list[str]:
+        """The instances (``SQn[i]``) of any live generation that instance manager ``im`` runs."""
+        return sorted({f"{sq}[{i}]" for g in [self.gen, *self.retiring] for (sq, i), at in g.assignment.items()
+                       if at == im})
 
     def placement_lines(self) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {}
@@ -103,20 +148,21 @@ class RemoteDeployment(Deployment):
     def flush(self) -> None:
         """Wait until the channels took everything pushed (back-pressure); EngineError BACKPRESSURE_TIMEOUT
         when an instance takes nothing for ``SEND_TIMEOUT_S`` (the engine then aborts the epoch)."""
-        for end in self._source_channels.values():
-            try:
-                end.flush_blocking(SEND_TIMEOUT_S, self.check)
-            except ChannelClosed as e:
-                self.cluster.blame(self, e)
-                deadline = time.monotonic() + PEER_GRACE_S + 0.5
-                while self.error is None and time.monotonic() < deadline:
-                    time.sleep(0.01)
-                self.check()
-                raise
+        for gen in [self.gen, *self.retiring]:
+            for end in gen.source_channels.values():
+                try:
+                    end.flush_blocking(SEND_TIMEOUT_S, self.check)
+                except ChannelClosed as e:
+                    self.cluster.blame(self, e)
+                    deadline = time.monotonic() + PEER_GRACE_S + 0.5
+                    while self.error is None and time.monotonic() < deadline:
+                        time.sleep(0.01)
+                    self.check()
+                    raise
 
     def abort(self) -> None:
         super().abort()
-        for end in self._source_channels.values():
+        for end in self.gen.source_channels.values():
             end.flush()
 
     def _run(self) -> None:
@@ -152,7 +198,7 @@ class RemoteDeployment(Deployment):
 
     def check(self) -> None:
         if self.error is None:
-            for i in self.hosts:
+            for i in self.gen.hosts:
                 im = self.cluster.ims[i]
                 if im.dead is None and im.process is not None and im.process.poll() is not None:
                     self.cluster._died(im)
@@ -161,23 +207,17 @@ class RemoteDeployment(Deployment):
     # --- state -------------------------------------------------------------------------
     def instance_metrics(self) -> dict[Endpoint, dict]:
         out: dict[Endpoint, dict] = {}
-        snaps = self.cluster.request_all(self.hosts, lambda i, number: cmd.Metrics(number))
+        snaps = self.cluster.request_all(self.gen.hosts, lambda i, number: cmd.Metrics(number))
         for snap in snaps.values():
-            out.update(snap["deployments"].get(self.id, {}))
+            out.update(snap["deployments"].get(self.gen.wire, {}))
         return out
 
     def close(self) -> None:
         with self.cluster.lock:
             self.cluster.deployments.pop(self.id, None)
-        self._undeploy_parts()
-
-    def _undeploy_parts(self) -> None:
-        live = [i for i in getattr(self, "hosts", []) if self.cluster.ims[i].dead is None]
-        try:
-            self.cluster.request_all(live, lambda i, number: cmd.Undeploy(number, self.id), timeout=5)
-        except EngineError:
-            pass
         with self.sink_lock:
             self.closed = True
-        if hasattr(self, "ends"):
-            self.ends.close()
+        for g in [self.gen, *self.retiring]:
+            g.close()
+            self.cluster.wires.pop(g.wire, None)
+        self.retiring = []

@@ -3,62 +3,102 @@
 from __future__ import annotations
 
 import time
+from collections import deque
+from dataclasses import dataclass
 
 from sparkcep.core import columns
-from sparkcep.runtime.channels import Abort, Consumer, Data, Progress
-from sparkcep.runtime.layout import ENGINE, Endpoint, Layout
+from sparkcep.runtime.channels import Abort, Consumer, Data, Progress, Retire
+from sparkcep.runtime.layout import Endpoint, Layout
 from sparkcep.runtime.metrics import EpochClock, Histogram, record_latency
-from sparkcep.runtime.output_log import OutputLog
+
+EPOCH_LOG = 1 << 14  # epochs whose publication the sink remembers (time, epoch, latency)
+
+
+@dataclass
+class Feed:
+    """One output channel: the producing instance's index (the output partition), its end, and the last
+    epoch it closed. A feed of a generation that started at epoch E counts as having closed E - 1."""
+
+    partition: int
+    end: Consumer
+    epoch: int
+    retired: bool = False
 
 
 class Sink:
     """The engine's end of a deployment's outputs: fills the output logs, knows which epochs are out.
 
     Rows are staged per epoch and reach the logs (and subscribers) only once
-    every producer has closed that epoch, in epoch order: an epoch that
-    failed half-way, or was aborted, never shows. Partition of an output log
-    = index of the producing instance.
+    every feed has closed that epoch, in epoch order: an epoch that failed
+    half-way, or was aborted, never shows. Partition of an output log =
+    index of the producing instance. A deployment changing generation (State
+    Transfer, rescaling, a replica rebuilt) adds the new generation's feeds
+    and retires the old ones when their ``Retire`` record arrives.
+
+    ``deliver(epoch, {output: [(partition, batch)]})`` takes each epoch's rows;
+    by default they go into the output logs.
     """
 
-    def __init__(self, layout: Layout, logs: dict[str, OutputLog], clock: EpochClock,
-                 channels: dict[Endpoint, Consumer]):
+    def __init__(self, layout: Layout, logs: dict, clock: EpochClock, deliver=None):
         self.layout, self.logs, self.clock = layout, logs, clock
-        self.channels = [(p, channels[p]) for p in layout.producers(ENGINE)]
-        self.epochs = {p: 0 for p, _ in self.channels}
+        self.deliver = deliver or self._into_logs
+        self.feeds: list[Feed] = []
         self.staged: dict[int, list[tuple[int, Data]]] = {}  # epoch -> (partition, message), in arrival order
         self.aborted: set[int] = set()
         self.published = 0  # every epoch up to this one is in the logs (or was aborted)
         self.latency: dict[str, Histogram] = {}
         self.rows: dict[str, int] = {}
+        self.epoch_log: deque = deque(maxlen=EPOCH_LOG)  # (publication time ns, epoch, latency ns)
+
+    def add(self, channels: dict[Endpoint, Consumer], after_epoch: int) -> list[Feed]:
+        """Read ``channels`` (producer -> end) from epoch ``after_epoch + 1`` on; returns their feeds."""
+        feeds = [Feed(p[1], end, after_epoch) for p, end in channels.items()]
+        self.feeds = self.feeds + feeds  # a new list: the collector thread may be going through the old one
+        return feeds
+
+    def drop(self, feeds: list[Feed]) -> None:
+        """Stop reading ``feeds`` (their generation died) and forget the epochs staged so far, which they
+        left incomplete; the next generation's feeds start after them."""
+        self.feeds = [f for f in self.feeds if all(f is not g for g in feeds)]
+        self.staged.clear()
+        self.aborted.clear()
 
     def poll(self) -> int:
         done = 0
-        for producer, ch in self.channels:
-            while (msg := ch.receive()) is not None:
+        for feed in self.feeds:
+            ch = feed.end
+            while not feed.retired and (msg := ch.receive()) is not None:
                 done += 1
                 kind = type(msg)
                 if kind is Data:
-                    self.staged.setdefault(msg.epoch, []).append((producer[1], msg))
+                    self.staged.setdefault(msg.epoch, []).append((feed.partition, msg))
                 elif kind is Progress or kind is Abort:
-                    self.epochs[producer] = msg.epoch
+                    feed.epoch = msg.epoch
                     if kind is Abort:
                         self.aborted.add(msg.epoch)
-        closed = min(self.epochs.values()) if self.epochs else 0
+                elif kind is Retire:
+                    feed.retired = True
+        if done and any(f.retired for f in self.feeds):
+            self.feeds = [f for f in self.feeds if not f.retired]
+        closed = min((f.epoch for f in self.feeds), default=0)
         if closed > self.published:
             self._publish(closed)
         return done
 
     def _publish(self, upto: int) -> None:
+        now = time.monotonic_ns()
         for epoch in sorted(e for e in self.staged if e <= upto):
             messages = self.staged.pop(epoch)
             if epoch not in self.aborted:
-                self._deliver(messages)
+                self._stage_out(epoch, messages, now)
+        for epoch in range(self.published + 1, upto + 1):
+            arrival = self.clock.arrival_of(epoch)
+            if arrival is not None:
+                self.epoch_log.append((now, epoch, now - arrival))
         self.aborted = {e for e in self.aborted if e > upto}
         self.published = upto
 
-    def _deliver(self, messages: list[tuple[int, Data]]) -> None:
-        """One epoch's rows into the logs, each log taking all of them at once."""
-        now = time.monotonic_ns()
+    def _stage_out(self, epoch: int, messages: list[tuple[int, Data]], now: int) -> None:
         per_log: dict[str, list] = {}
         for partition, msg in messages:
             seq = msg.batch.column(columns.SEQ).to_numpy()
@@ -66,8 +106,16 @@ class Sink:
                 record_latency(self.latency.setdefault(out, Histogram()), self.clock, seq, now)
                 self.rows[out] = self.rows.get(out, 0) + msg.batch.num_rows
                 per_log.setdefault(out, []).append((partition, msg.batch))
+        self.deliver(epoch, per_log)
+
+    def _into_logs(self, epoch: int, per_log: dict[str, list]) -> None:
+        """One epoch's rows into the logs, each log taking all of them at once."""
         for out, batches in per_log.items():
             self.logs[out].extend(batches)
+
+    def retired(self, feeds: list[Feed]) -> bool:
+        """Have all of ``feeds`` passed their generation's ``Retire`` record?"""
+        return all(all(f is not g for g in self.feeds) for f in feeds)
 
     @property
     def done_epoch(self) -> int:

@@ -22,6 +22,7 @@ from sparkcep.runtime.balancers import Router, bin_tables
 from sparkcep.runtime.channels import Doorbell, RingConsumer, RingProducer, create_ring, tcp, unlink_quietly
 from sparkcep.runtime.channels import consumer as open_consumer
 from sparkcep.runtime.channels import producer as open_producer
+from sparkcep.runtime.handoff import Handoffs
 from sparkcep.runtime.instance import InstanceRunner
 from sparkcep.runtime.layout import ENGINE, Endpoint, Layout
 from sparkcep.runtime.metrics import EpochClock
@@ -159,19 +160,20 @@ class ChannelEnds:
 
 
 def host_runners(layout: Layout, bins: int, owners: dict[str, list[int]] | None, endpoints: list[Endpoint],
-                 inputs: dict, outputs: dict, clock: EpochClock) -> list[InstanceRunner]:
+                 inputs: dict, outputs: dict, clock: EpochClock, handoffs: Handoffs) -> list[InstanceRunner]:
     """The runners of the instances ``endpoints`` one process hosts.
 
     ``inputs[(p, ep)]`` is the consumer end of each channel into them,
     ``outputs[(ep, c)]`` the producer end of each channel out of them;
-    ``owners``: the current bin tables (default: contiguous ranges).
+    ``owners``: the current bin tables (default: contiguous ranges);
+    ``handoffs``: where state handed over to this process arrives.
     """
     runners = []
     for ep in endpoints:
         router = Router(layout.routes(ep), {c: outputs[(ep, c)] for c in layout.consumers(ep)},
                         bin_tables(layout, bins, owners))
         runners.append(InstanceRunner(layout, ep, bins, {p: inputs[(p, ep)] for p in layout.producers(ep)},
-                                      router, clock))
+                                      router, clock, handoffs))
     return runners
 
 

@@ -65,7 +65,7 @@ def test_a_slow_consumer_slows_the_producer_and_nothing_is_lost(kind):
                                   "ts": pa.array(np.arange(n, n + BATCH) * 1000, pa.timestamp("us")),
                                   "v": np.arange(n, n + BATCH)})
             # the engine keeps nothing back: what send() could not hand to a ring, it waited for
-            assert all(w.backlog_bytes == 0 for w in dep._source_channels.values())
+            assert all(w.backlog_bytes == 0 for w in dep.gen.source_channels.values())
             with lock:
                 if kind == "stateless":
                     in_flight.append(n + BATCH - out_rows[0])

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 from sparkcep.errors import EngineError
 from sparkcep.runtime.channels import hello, tcp
-from sparkcep.runtime.channels.base import (Abort, ChannelClosed, Configure, Consumer, Control, Data, LocalChannel,
-                                            Producer, Progress)
+from sparkcep.runtime.channels.base import (Abort, ChannelClosed, Configure, Consumer, Control, Data, Export,
+                                            Import, LocalChannel, Producer, Progress, Retire)
 from sparkcep.runtime.channels.ring import (DEFAULT_CAPACITY, Doorbell, RingConsumer, RingProducer, create_ring,
                                             unlink_quietly)
 from sparkcep.runtime.channels.tcp import Gate, Hello, TcpConsumer, TcpProducer
 
-__all__ = ["Abort", "ChannelClosed", "Configure", "Consumer", "Control", "Data", "LocalChannel", "Producer",
-           "Progress", "DEFAULT_CAPACITY", "Doorbell", "RingConsumer", "RingProducer", "create_ring",
+__all__ = ["Abort", "ChannelClosed", "Configure", "Consumer", "Control", "Data", "Export", "Import", "LocalChannel",
+           "Producer", "Progress", "Retire", "DEFAULT_CAPACITY", "Doorbell", "RingConsumer", "RingProducer", "create_ring",
            "unlink_quietly", "Gate", "Hello", "TcpConsumer", "TcpProducer", "hello", "tcp", "producer", "consumer"]
 
 ADDRESSES = "shm:<path> or tcp:HOST:PORT/CHANNEL_ID"

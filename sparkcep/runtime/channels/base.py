@@ -97,7 +97,38 @@ class Configure(Control):
     owners: list[int] = field(default_factory=list)
 
 
-CONTROL_TYPES: dict[str, type[Control]] = {"configure": Configure}
+@dataclass
+class Export(Control):
+    """At ``epoch``, instances of the sub-query headed by ``operator`` hand state over.
+
+    Each item ``[instance, ticket, host, how, bins]``: that instance hands, under
+    ``ticket``, to the process ``host`` (an instance manager's name, or the
+    engine's), ``how`` = ``"take"`` (the ``bins`` leave it; None: every bin it
+    holds), ``"copy"`` (a copy of them, for a replica catching up) or
+    ``"adopt"`` (the whole instance, to its successor in the same process).
+    """
+
+    operator: str
+    items: list = field(default_factory=list)
+
+
+@dataclass
+class Import(Control):
+    """At ``epoch``, each item's instance ``[instance, ticket]`` of the sub-query headed by ``operator``
+    installs what was handed over under ``ticket`` before it consumes anything more."""
+
+    operator: str
+    items: list = field(default_factory=list)
+
+
+@dataclass
+class Retire(Control):
+    """The producer's generation of the deployment ends here: an instance passes it on and stops, the
+    engine's sink stops waiting for that producer."""
+
+
+CONTROL_TYPES: dict[str, type[Control]] = {"configure": Configure, "export": Export, "import": Import,
+                                           "retire": Retire}
 
 
 class Producer(ABC):
