@@ -144,13 +144,16 @@ def start_at(engine: cep.Engine, seq: int) -> None:
         engine.undeploy("padding")
 
 
-def id_rows(engine: cep.Engine, query: cep.Query, sent, parallelism=1) -> dict[str, list[tuple]]:
+def id_rows(engine: cep.Engine, query: cep.Query, sent, parallelism=1, bins: int = 128,
+            between=None) -> dict[str, list[tuple]]:
     """Deploy ``query``, send ``sent``, end its streams; per output, every row as (fields..., __seq,
-    __id), read from the output log; undeploy."""
-    engine.deploy(query, parallelism=parallelism)
+    __id), read from the output log; undeploy. ``between(dep)`` runs after each send."""
+    dep = engine.deploy(query, parallelism=parallelism, bins=bins)
     try:
         for stream, rows in sent:
             engine.send(stream, table(rows, EV))
+            if between is not None:
+                between(dep)
         for stream in query.sources:
             engine.end(stream)
         out = {}

@@ -1,0 +1,179 @@
+"""The migrations of one deployment: Megaphone bin moves, State Transfer, live rescaling.
+
+Each call checks the request first (an unknown operator, a bin out of
+range, an instance or instance manager that does not exist or died, a
+migration already running on the operator get a :class:`QueryError` /
+:class:`EngineError` with a code, and nothing changes), then runs while the
+query keeps taking input, and returns once the change is complete with a
+report (:mod:`sparkcep.migration.report`). A replicated deployment
+migrates every replica at the same epochs. Migrations of one deployment run
+one at a time (a second one on another operator waits for the first).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+
+from sparkcep.arguments import closest
+from sparkcep.errors import EngineError, QueryError
+from sparkcep.migration import plan
+from sparkcep.migration.megaphone import migrate_bins
+from sparkcep.migration.report import Watch
+from sparkcep.migration.state_transfer import switch
+from sparkcep.runtime.handoff import ENGINE_HOST
+from sparkcep.runtime.placement import extend
+
+log = logging.getLogger("sparkcep")
+HISTORY = 256  # migration reports kept for metrics
+
+
+class Migrator:
+    """Migrations of one deployment. ``replicas()``: its live replicas (runtime deployments, in step);
+    ``lock``: the engine's lock; ``changes``: held while the deployment's wiring or bin tables change
+    (shared with replica catch-up); ``cluster``: the instance managers (None: all in one process)."""
+
+    def __init__(self, replicas, lock, changes: threading.Lock, cluster=None):
+        self.replicas, self.lock, self.changes, self.cluster = replicas, lock, changes, cluster
+        self.running: dict[str, Watch] = {}  # operator -> its migration under way
+        self.reports: deque = deque(maxlen=HISTORY)
+        self._busy = threading.Lock()
+
+    # --- the public operations -------------------------------------------------------
+    def migrate(self, operator: str, assignment: dict, strategy: str = "fluid", batch: int = 16,
+                gap_ms: float = 0.0) -> dict:
+        """Move bins of route-key ``operator``: ``assignment`` {bin: instance}; see :mod:`.plan`."""
+        dep = self._first()
+        plan.check_strategy(strategy)
+        if not isinstance(batch, int) or batch < 1:
+            raise QueryError(f"batch must be an int >= 1, got {batch!r}", "BAD_OPTION")
+        table = dep._table(operator)
+        if not isinstance(assignment, dict):
+            raise QueryError(f"migrate() takes {{bin: instance}}, got {type(assignment).__name__}", "BAD_BIN")
+        new = plan.table_from(table.owners.tolist(), assignment, table.instances)
+        return self._run(operator, "migrate", strategy, lambda watch: self._bins(operator, new, strategy, batch,
+                                                                                   gap_ms / 1e3, watch))
+
+    def move(self, operator: str, instance: int, to: str) -> dict:
+        """State Transfer: instance ``instance`` of ``operator``'s sub-query to instance manager ``to``."""
+        dep = self._first()
+        sq = self._subquery(dep, operator)
+        n = dep.parallelism[sq]
+        if not isinstance(instance, int) or isinstance(instance, bool) or not 0 <= instance < n:
+            raise QueryError(f"{operator!r} has instances 0..{n - 1}, not {instance!r}", "BAD_INSTANCE")
+        target = self._instance_manager(to)
+
+        def run(watch):
+            for d in self.replicas():
+                placement = None if target is None else {**d.assignment, (sq, instance): target}
+                switch(d, self.lock, d.parallelism, placement, watch)
+            watch.bins = len(_held(dep, operator, instance))
+        return self._run(operator, "move", "state-transfer", run)
+
+    def rescale(self, operator: str, instances: int, strategy: str = "batched") -> dict:
+        """Run ``operator``'s sub-query on ``instances`` instances, live, its bins spread evenly."""
+        dep = self._first()
+        sq = self._subquery(dep, operator)
+        plan.check_strategy(strategy)
+        if not isinstance(instances, int) or isinstance(instances, bool) or instances < 1:
+            raise QueryError(f"instances must be an int >= 1, got {instances!r}", "BAD_INSTANCE")
+        if instances > 1 and not dep.plan.sq_of[operator].parallelizable:
+            raise QueryError(f"{operator!r} is a global aggregate (no by=): it runs as one instance", "BAD_INSTANCE")
+        dep._table(operator)
+
+        def run(watch):
+            reps = self.replicas()
+            n = reps[0].parallelism[sq]
+            if instances > n:  # new instances first, holding nothing; then bins move to them
+                for d in reps:
+                    switch(d, self.lock, {**d.parallelism, sq: instances}, self._grown(d, sq, instances), watch)
+            new = plan.even_owners(reps[0].bin_owners(operator), instances)
+            self._bins(operator, new, strategy, 16, 0.0, watch)
+            if instances < n:  # the instances left over hold no bins now
+                for d in reps:
+                    placement = None if self.cluster is None else {
+                        ep: i for ep, i in d.assignment.items() if ep[0] != sq or ep[1] < instances}
+                    switch(d, self.lock, {**d.parallelism, sq: instances}, placement, watch)
+        return self._run(operator, "rescale", strategy, run)
+
+    # --- helpers --------------------------------------------------------------------
+    def _bins(self, operator, new_owners, strategy, batch, gap_s, watch) -> None:
+        moves = plan.moves_between(self.replicas()[0].bin_owners(operator), new_owners)
+        watch.total = len(moves)
+        migrate_bins(self.replicas(), self.lock, operator, plan.steps(moves, strategy, batch), watch, gap_s)
+
+    def _run(self, operator: str, kind: str, strategy: str, body) -> dict:
+        with self._busy:
+            if operator in self.running:
+                raise QueryError(f"a migration ({self.running[operator].kind}) of {operator!r} is under way; "
+                                 "wait for it to finish", "MIGRATION_RUNNING")
+            watch = self.running[operator] = Watch(self._first(), kind, operator, strategy)
+        try:
+            with self.changes:
+                watch.restart()
+                body(watch)
+            report = watch.report()
+        finally:
+            with self._busy:
+                del self.running[operator]
+        self.reports.append(report)
+        log.info("query %s: %s of %s (%s): %d bins, %d bytes, %d steps in %.3f s, latency max %.1f ms",
+                 report["query"], kind, operator, strategy, report["bins"], report["bytes"], report["steps"],
+                 report["duration_s"], report["max_latency_ms"])
+        return report
+
+    def _first(self):
+        reps = self.replicas()
+        if not reps:
+            raise EngineError("the deployment has no running replica to migrate", "NO_REPLICA")
+        reps[0].check()
+        return reps[0]
+
+    @staticmethod
+    def _subquery(dep, operator: str) -> str:
+        if operator not in dep.plan.sq_of:
+            near = closest(str(operator), dep.plan.sq_of)
+            raise QueryError(f"query {dep.query.name!r} has no operator {operator!r}"
+                             f"{f' (did you mean {near!r}?)' if near else ''}; operators: {sorted(dep.plan.sq_of)}",
+                             "UNKNOWN_OPERATOR")
+        return dep.plan.sq_of[operator].name
+
+    def _instance_manager(self, name: str) -> int | None:
+        """The index of the live instance manager ``name`` (None: the engine's own process)."""
+        if self.cluster is None:
+            if name != ENGINE_HOST:
+                raise EngineError(f"this engine runs its instances in its own process ({ENGINE_HOST!r}); "
+                                  f"there is no instance manager {name!r}", "UNKNOWN_INSTANCE_MANAGER")
+            return None
+        im = next((im for im in self.cluster.ims if im.name == name), None)
+        if im is None:
+            names = [im.name for im in self.cluster.ims if im.dead is None]
+            near = closest(str(name), names)
+            raise EngineError(f"no instance manager named {name!r}{f' (did you mean {near!r}?)' if near else ''}; "
+                              f"instance managers: {names}", "UNKNOWN_INSTANCE_MANAGER")
+        if im.dead is not None:
+            raise EngineError(f"instance manager {name!r} died: {im.dead}", "WORKER_DIED")
+        return im.index
+
+    def _grown(self, dep, sq: str, instances: int):
+        if self.cluster is None:
+            return None
+        from sparkcep.runtime.layout import Layout
+        slots, _ = self.cluster.slots_and_topology()
+        kept = {ep: i for ep, i in dep.assignment.items()}
+        return extend(kept, Layout(dep.plan, {**dep.parallelism, sq: instances}), slots, self.cluster.load())
+
+    def snapshot(self) -> dict:
+        """For metrics: the migrations under way (bins done of planned) and the finished ones."""
+        with self._busy:
+            running = [{"operator": op, "kind": w.kind, "strategy": w.strategy, "bins": w.bins,
+                        "planned_bins": getattr(w, "total", None), "steps": w.steps} for op, w in self.running.items()]
+        return {"running": running, "finished": list(self.reports)}
+
+
+def _held(dep, operator: str, instance: int) -> list[int]:
+    """The bins of route-key ``operator`` that ``instance`` owns (all of them for other operators)."""
+    if operator in dep.tables:
+        return [b for b, o in enumerate(dep.bin_owners(operator)) if o == instance]
+    return list(range(dep.bins))

@@ -1,0 +1,121 @@
+"""Property: migrations at random moments — bins moved by any strategy, instances moved to other
+instance managers, operators rescaled — never change a row of the output, output ids included.
+
+Random data and queries (time and tuple windows, running aggregates, joins
+and a user stateful operator, from ``core.id_queries``) run with a random
+schedule of migrations between their sends, in one process, on worker
+processes and on instance managers reached over the network channel; the
+reference is the same input at parallelism 1 in one process, unmigrated.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import sparkcep as cep
+from core.id_queries import assert_same_ids, build, id_rows, params, sends, start_at
+from sparkcep import auth
+from sparkcep.runtime.cluster import Starting, wait_ready
+
+BINS = 8
+
+
+def migrations(draw, ims: list[str]):
+    """``between(dep)``: after each send, now and then a random migration of ``dep``; returns it and the
+    list of what it did."""
+    done = []
+
+    def between(dep):
+        if draw(st.integers(0, 2)):
+            return
+        keyed = sorted(dep.tables)
+        stateful = [sq.head.name for sq in dep.plan.subqueries if sq.head.stateful]
+        kinds = (["migrate", "rescale"] if keyed else []) + (["move"] if stateful and ims else [])
+        if not kinds:
+            return
+        kind = draw(st.sampled_from(kinds))
+        if kind == "move":
+            op = draw(st.sampled_from(stateful))
+            n = dep.parallelism[dep.plan.sq_of[op].name]
+            report = dep.move(op, draw(st.integers(0, n - 1)), draw(st.sampled_from(ims)))
+        elif kind == "rescale":
+            op = draw(st.sampled_from(keyed))
+            report = dep.rescale(op, draw(st.integers(1, 3)), strategy=draw(st.sampled_from(STRATEGIES)))
+        else:
+            op = draw(st.sampled_from(keyed))
+            n = dep.parallelism[dep.plan.sq_of[op].name]
+            moved = draw(st.dictionaries(st.integers(0, BINS - 1), st.integers(0, n - 1), max_size=BINS))
+            report = dep.migrate(op, moved, strategy=draw(st.sampled_from(STRATEGIES)), batch=draw(st.integers(1, 3)))
+        assert report["duration_s"] >= 0 and report["steps"] >= 0
+        done.append((kind, op, report["bins"], report["strategy"]))
+    return between, done
+
+
+STRATEGIES = ["fluid", "batched", "all-at-once"]
+
+
+def check(engine, p, data, ims):
+    q = build(p)
+    sent = data.draw(sends(list(q.sources)))
+    par = {sq.head.name: data.draw(st.integers(1, 3)) if sq.parallelizable else 1 for sq in q_plan(q).subqueries}
+    start = engine.metrics()["sequence"]
+    between, done = migrations(data.draw, ims)
+    got = id_rows(engine, q, sent, parallelism=par, bins=BINS, between=between)
+    with cep.Engine.local() as e:
+        start_at(e, start)
+        want = id_rows(e, build(p), sent)
+    assert_same_ids(got, want, f"{p['front']} -> {p['back']} at {par}, migrations {done}")
+
+
+def q_plan(q):
+    from sparkcep.query.planner import plan
+    return plan(q)
+
+
+@settings(deadline=None)
+@given(p=params(), data=st.data())
+def test_migrations_in_one_process_change_no_row(p, data):
+    p["name"] = "mig_local"
+    with cep.Engine.local() as engine:
+        check(engine, p, data, ["engine"])
+
+
+@settings(deadline=None, max_examples=max(1, settings().max_examples // 4))  # each example deploys on IMs
+@given(p=params(), data=st.data())
+def test_migrations_on_worker_processes_change_no_row(p, data, worker_engines):
+    p["name"] = "mig_workers"
+    engine = worker_engines(3)
+    check(engine, p, data, [im["name"] for im in engine.instance_managers()])
+
+
+@pytest.fixture(scope="module")
+def network_engine(tmp_path_factory):
+    """An engine whose instance managers serve on 127.0.0.2 and 127.0.0.3: every channel is TCP."""
+    token_file = tmp_path_factory.mktemp("net") / "token"
+    token = auth.write(token_file, auth.generate())
+    root = os.path.dirname(os.path.dirname(cep.__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, *sys.path]))
+    procs = [subprocess.Popen([sys.executable, "-m", "sparkcep", "worker", "--listen", f"{ip}:0", "--name",
+                               f"net-{ip}", "--token-file", str(token)], stdout=subprocess.PIPE, env=env)
+             for ip in ("127.0.0.2", "127.0.0.3")]
+    try:
+        infos = wait_ready([Starting(p, f"net worker {i}") for i, p in enumerate(procs)])
+        engine = cep.Engine.local(instance_managers=[i["address"] for i in infos],
+                                  token=auth.read(token_file))
+        yield engine
+        engine.close()
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(10)
+
+
+@settings(deadline=None, max_examples=max(1, settings().max_examples // 8))
+@given(p=params(), data=st.data())
+def test_migrations_over_the_network_channel_change_no_row(p, data, network_engine):
+    p["name"] = "mig_net"
+    check(network_engine, p, data, [im["name"] for im in network_engine.instance_managers()])
