@@ -44,6 +44,16 @@ class Deployed:
         ones leave) and the bins are spread evenly with ``strategy``. Returns its report."""
         return self._migrator.rescale(operator, instances, strategy)
 
+    def replicas(self) -> list[dict]:
+        """Each replica: ``replica`` (its number), ``state`` (``"running"``, ``"failed"`` or
+        ``"catching-up"``) and the ``instance_managers`` it runs on."""
+        dep = self._deployment
+        if hasattr(dep, "describe"):
+            return dep.describe()
+        gen = dep.gen
+        ims = sorted({gen.names[i] for i in gen.hosts}) if hasattr(gen, "names") else []
+        return [{"replica": 0, "state": "failed" if dep.error else "running", "instance_managers": ims}]
+
     def migrations(self) -> dict:
         """The migrations under way and the last ones finished (their reports)."""
         return self._migrator.snapshot()

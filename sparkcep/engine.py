@@ -28,6 +28,8 @@ from sparkcep.core.operators import WM_NONE
 from sparkcep.errors import EngineError, InputError, QueryError, UnknownStreamError
 from sparkcep.migration.balancer import Balancer
 from sparkcep.migration.migrator import Migrator
+from sparkcep.replication.catchup import start_rebuild
+from sparkcep.replication.replicas import ReplicaSet
 from sparkcep.query.query import Query
 from sparkcep.runtime.deployment import Deployment
 from sparkcep.runtime.handoff import ENGINE_HOST, Board, Handoffs
@@ -47,9 +49,10 @@ class Engine:
 
     @checked(EngineError)
     def __init__(self, workers: int = 0, instance_managers=(), token: str | None = None, topology=None,
-                 ring_bytes: int | None = None):
-        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 0:
-            raise EngineError(f"workers must be an int >= 0, got {workers!r}", "WORKERS")
+                 ring_bytes: int | None = None, standby: int = 0):
+        for name, n in (("workers", workers), ("standby", standby)):
+            if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+                raise EngineError(f"{name} must be an int >= 0, got {n!r}", "WORKERS")
         if isinstance(instance_managers, str):
             instance_managers = [instance_managers]
         self.workers = workers
@@ -72,15 +75,15 @@ class Engine:
         self._topology, self._ring_bytes = topology, ring_bytes
         self.cluster = None
         self.endpoint = None  # the loopback endpoint, started by local()
-        if workers or instance_managers:
+        if workers or instance_managers or standby:
             self._cluster().adopt_all(instance_managers)
-            if workers:
-                self.cluster.spawn(workers)
+            if workers or standby:
+                self.cluster.spawn(workers, standby)
 
     @classmethod
     @checked(EngineError)
     def local(cls, workers: int = 0, instance_managers=(), token: str | None = None, topology=None,
-              ring_bytes: int | None = None, listen: str = "127.0.0.1:0") -> "Engine":
+              ring_bytes: int | None = None, listen: str = "127.0.0.1:0", standby: int = 0) -> "Engine":
         """An engine on this machine.
 
         ``workers=0`` runs every instance in this process; ``workers=N`` starts
@@ -93,8 +96,11 @@ class Engine:
         shared-memory channel (default 16 MiB). ``listen``: where the engine
         serves Spark's processes and the CLI (loopback by default; an address
         other hosts reach is opt-in, e.g. for executors on other machines).
+        ``standby``: more instance managers, kept free to rebuild the instances of
+        a replica that failed (``deploy(..., replicas=2)``).
         """
-        engine = cls(workers, instance_managers, token=token, topology=topology, ring_bytes=ring_bytes)
+        engine = cls(workers, instance_managers, token=token, topology=topology, ring_bytes=ring_bytes,
+                     standby=standby)
         # other local processes (Spark's Python workers, the CLI) reach it over loopback
         from sparkcep.control.endpoint import start_endpoint
         try:
@@ -158,7 +164,7 @@ class Engine:
     # --- queries -----------------------------------------------------------------
     @checked(QueryError)
     def deploy(self, query: Query, parallelism=1, bins: int = 128, retain: bool = True,
-               balance: bool = False) -> Deployed:
+               balance: bool = False, replicas: int = 1) -> Deployed:
         """Plan and start ``query``; ``parallelism``: an int or ``{operator name: instances}``.
 
         ``bins``: route-key buckets per stateful operator (a power of two): the
@@ -167,6 +173,9 @@ class Engine:
         readers then have nothing to read. For long runs whose results are
         consumed as they come. ``balance=True``: the engine migrates it live to
         even the load of its instance managers (:mod:`sparkcep.migration.balancer`).
+        ``replicas=2``: active replication (:mod:`sparkcep.replication`): copies
+        on disjoint instance managers, each fed every input, their outputs
+        deduplicated; a failed one is rebuilt from the other live.
         """
         self._check_open()
         if not isinstance(query, Query):
@@ -183,21 +192,25 @@ class Engine:
                                      f"{other.query.name!r} declares it as {other.query.sources[name].schema}")
             if name in self.outputs:
                 raise QueryError(f"stream {name!r} is an output of another query")
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
+            raise QueryError(f"replicas must be an int >= 1, got {replicas!r}", "BAD_REPLICAS")
         with self._lock:
             dep_id = f"{query.name}#{next(self._deployment_ids)}"
-            if self.cluster is None or self.cluster.in_process():
-                dep = Deployment(dep_id, query, parallelism, bins, retain, handoffs=self._handoffs,
-                                 board=self._board, lock=self._lock)
+            changes = threading.Lock()  # held while its wiring or bin tables change
+            remote = self.cluster is not None and not self.cluster.in_process()
+            if replicas == 1:
+                dep = self._deployment(dep_id, query, parallelism, bins, retain, None)
+                migrator = Migrator(lambda: [dep], self._lock, changes, self.cluster if remote else None)
             else:
-                from sparkcep.runtime.remote import RemoteDeployment
-                dep = RemoteDeployment(self.cluster, dep_id, query, parallelism, bins, retain, lock=self._lock)
+                dep = self._replicated(dep_id, query, parallelism, bins, retain, replicas, changes, remote)
+                migrator = Migrator(dep.running, self._lock, changes, self.cluster if remote else None)
+            dep.on_fail.append(lambda error: [out.fail(error) for out in dep.logs.values()])
             for out in query.outputs:
                 self.outputs[out] = dep.logs[out]
                 self._producer[out] = dep
             for name in query.sources:
                 self.streams.setdefault(name, []).append(dep)
             self.deployments[query.name] = dep
-            migrator = Migrator(lambda: [dep], self._lock, threading.Lock(), None if dep.runners else self.cluster)
             self._migrators[query.name] = migrator
             if balance and dep.runners:
                 log.warning("query %s: balance=True, but its instances run in the engine's process: "
@@ -207,6 +220,34 @@ class Engine:
                     self._balancer = Balancer(self.cluster)
                 self._balancer.watch(dep, migrator)
         return Deployed(dep, migrator)
+
+    def _deployment(self, dep_id: str, query: Query, parallelism, bins: int, retain: bool, ims) -> Deployment:
+        """One copy of ``query``: in this process, or on the instance managers (those of ``ims``)."""
+        if self.cluster is None or self.cluster.in_process():
+            return Deployment(dep_id, query, parallelism, bins, retain, handoffs=self._handoffs,
+                              board=self._board, lock=self._lock)
+        from sparkcep.runtime.remote import RemoteDeployment
+        return RemoteDeployment(self.cluster, dep_id, query, parallelism, bins, retain, ims=ims, lock=self._lock)
+
+    def _replicated(self, dep_id, query, parallelism, bins, retain, k: int, changes, remote: bool) -> ReplicaSet:
+        """``k`` replicas of ``query`` on disjoint sides of the instance managers, a dedup sink, catch-up."""
+        sides = self.cluster.replica_sides(k) if remote else [set() for _ in range(k)]
+        reps = []
+        try:
+            for r in range(k):
+                reps.append(self._deployment(f"{dep_id}.r{r}", query, parallelism, bins, retain,
+                                             sides[r] if remote else None))
+                reps[-1].replica = r
+        except BaseException:
+            for d in reps:
+                d.close()
+            raise
+        logs = {out: OutputLog(op.schema.to_arrow(), out, retain, deployment=dep_id)
+                for out, op in query.outputs.items()}
+        rs = ReplicaSet(reps, sides, logs)
+        rs.id = dep_id
+        rs.rebuild = start_rebuild(rs, self.cluster if remote else None, self._lock, changes)
+        return rs
 
     def undeploy(self, name: str) -> None:
         """Stop query ``name``: its instances go, its outputs and their logs are forgotten."""
@@ -310,9 +351,13 @@ class Engine:
         self._producer[output].wait(timeout)
         return log.table()
 
-    def subscribe(self, output: str, callback) -> None:
-        """Call ``callback(pyarrow.RecordBatch)`` with every batch ``output`` produces from now on."""
-        self._log(output).subscribers.append(callback)
+    def subscribe(self, output: str, callback, on_error=None) -> None:
+        """Call ``callback(pyarrow.RecordBatch)`` with every batch ``output`` produces from now on, and
+        ``on_error(error)`` if its query fails (an instance manager died, an operator raised)."""
+        log = self._log(output)
+        log.subscribers.append(callback)
+        if on_error is not None:
+            log.on_error.append(on_error)
 
     def metrics(self) -> dict:
         """The engine's metrics (the paper's metric server, in this process).
@@ -341,6 +386,8 @@ class Engine:
             for stream, ops in by_stream.items():
                 late_streams.setdefault(stream, {}).update({f"{q}.{op}": n for op, n in ops.items()})
             queries[q] = deployment_metrics(dep, inst, counters)
+            if isinstance(dep, ReplicaSet):
+                queries[q]["replication"] = dep.metrics()
         ims = self.cluster.im_metrics(snaps, counters) if self.cluster is not None else {}
         rates = self._metric_server.sample(counters)
         add_rates(queries, rates)

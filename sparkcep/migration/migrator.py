@@ -160,7 +160,7 @@ class Migrator:
         if self.cluster is None:
             return None
         from sparkcep.runtime.layout import Layout
-        slots, _ = self.cluster.slots_and_topology()
+        slots, _ = self.cluster.slots_and_topology(dep.ims)
         kept = {ep: i for ep, i in dep.assignment.items()}
         return extend(kept, Layout(dep.plan, {**dep.parallelism, sq: instances}), slots, self.cluster.load())
 

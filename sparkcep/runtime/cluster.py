@@ -59,6 +59,7 @@ class InstanceManagerLink:
     sock: socket.socket
     slot: Slot
     process: subprocess.Popen | None = None  # when this engine started it
+    standby: bool = False  # kept free to rebuild lost replicas
     reader: cmd.RecordReader = field(init=False)
     send_lock: threading.Lock = field(default_factory=threading.Lock)
     dead: str | None = None
@@ -96,24 +97,26 @@ class Cluster:
         self.lock = threading.RLock()
         self.progress = threading.Condition(self.lock)  # notified when outputs arrive or an IM dies
         self._replies: dict[int, list] = {}
-        self._suspects: dict[str, tuple[float, EngineError]] = {}  # deployment -> (when, a PEER_DIED error)
+        # deployment -> (when, a PEER_DIED error, the generation it concerns)
+        self._suspects: dict[str, tuple[float, EngineError, object]] = {}
         self._numbers = iter(range(1, 1 << 62))
         self._closed = False
         self._thread = threading.Thread(target=self._collect, name="sparkcep-collector", daemon=True)
         self._thread.start()
 
     # --- instance managers -------------------------------------------------------------
-    def spawn(self, n: int) -> None:
-        """Start ``n`` instance managers on this machine's cores, nearest NUMA nodes first."""
+    def spawn(self, n: int, standby: int = 0) -> None:
+        """Start ``n`` instance managers on this machine's cores, nearest NUMA nodes first, and
+        ``standby`` more kept free to rebuild the instances of lost replicas."""
         self.asked = True
-        slots = [Slot(len(self.ims) + s.index, s.cpu, s.node) for s in im_slots(self.machine, n)]
+        slots = [Slot(len(self.ims) + s.index, s.cpu, s.node) for s in im_slots(self.machine, n + standby)]
         procs = [(slot, start_worker(f"im-{slot.index}", slot.cpu, f"{ENGINE_HOST}:0", self.token_file))
                  for slot in slots]
         try:
             infos = wait_ready([Starting(proc, f"instance manager im-{slot.index} (cpu {slot.cpu})")
                                 for slot, proc in procs])
-            for (slot, proc), info in zip(procs, infos):
-                self._link(info["address"], proc, slot)
+            for k, ((slot, proc), info) in enumerate(zip(procs, infos)):
+                self._link(info["address"], proc, slot).standby = k >= n
         except BaseException:
             for _, proc in procs:
                 if proc.poll() is None:
@@ -169,8 +172,9 @@ class Cluster:
             self.ims.append(im)
         return im
 
-    def slots_and_topology(self) -> tuple[list[Slot], Topology]:
-        """Placement's view: one slot per live instance manager, NUMA nodes per host.
+    def slots_and_topology(self, only=None) -> tuple[list[Slot], Topology]:
+        """Placement's view: one slot per live instance manager (of ``only``, if given; standbys only
+        then), NUMA nodes per host.
 
         Instance managers of this host keep the machine's nodes and distances;
         each other host is a node group of its own, far from the rest.
@@ -181,7 +185,7 @@ class Cluster:
         nodes = {k: [] for k in range(len(groups))}
         slots = []
         for im in self.ims:
-            if im.dead is None:
+            if im.dead is None and (im.index in only if only is not None else not im.standby):
                 g = groups[(im.info.host, im.slot.node)]
                 nodes[g].append(im.index)
                 slots.append(Slot(im.index, im.index, g))
@@ -204,6 +208,27 @@ class Cluster:
                 out[i] += 1
         return out
 
+    def replica_sides(self, k: int) -> list[set[int]]:
+        """The live instance managers (standbys aside) cut into ``k`` disjoint sides, one per replica:
+        NUMA node by node where there are several (a replica per node), else in halves by index."""
+        live = [im for im in self.ims if im.dead is None and not im.standby]
+        if len(live) < k:
+            raise EngineError(f"{k} replicas need {k} live instance managers on disjoint sides; this engine has "
+                              f"{len(live)} (start it with more workers)", "NOT_ENOUGH_WORKERS")
+        nodes = sorted({(im.info.host, im.slot.node) for im in live})
+        if len(nodes) >= k:
+            return [{im.index for im in live if nodes.index((im.info.host, im.slot.node)) % k == r} for r in range(k)]
+        return [{im.index for j, im in enumerate(live) if j * k // len(live) == r} for r in range(k)]
+
+    def take_standby(self) -> int | None:
+        """A live standby instance manager, now put to use (None: none left)."""
+        with self.lock:
+            im = next((im for im in self.ims if im.standby and im.dead is None), None)
+            if im is None:
+                return None
+            im.standby = False
+            return im.index
+
     def by_name(self, name: str) -> InstanceManagerLink | None:
         """The live instance manager called ``name``."""
         return next((im for im in self.ims if im.name == name and im.dead is None), None)
@@ -219,12 +244,16 @@ class Cluster:
     def describe(self) -> list[dict]:
         """Every instance manager: name, address, pid, host, cpu, node and the instances it hosts."""
         hosted: dict[int, list[str]] = {im.index: [] for im in self.ims}
+        replica: dict[int, int] = {}
         for dep in self.deployments.values():
             for (sq, i), im in sorted(dep.assignment.items()):
                 hosted[im].append(f"{dep.query.name}.{sq}[{i}]")
+                if dep.replica is not None:
+                    replica.setdefault(im, dep.replica)
         return [{"name": im.name, "address": im.info.address, "pid": im.info.pid,
                  "host": im.info.address.rpartition(":")[0], "cpu": im.slot.cpu, "node": im.slot.node,
-                 "alive": im.dead is None, "instances": hosted[im.index]} for im in self.ims]
+                 "alive": im.dead is None, "standby": im.standby, "replica": replica.get(im.index),
+                 "instances": hosted[im.index]} for im in self.ims]
 
     # --- requests ----------------------------------------------------------------------
     def request_all(self, indices, make, timeout: float = REPLY_TIMEOUT_S) -> dict[int, object]:
@@ -401,17 +430,17 @@ class Cluster:
             dep.fail(error)
             return
         with self.lock:
-            self._suspects.setdefault(dep.id, (time.monotonic() + PEER_GRACE_S, error))
+            self._suspects.setdefault(dep.id, (time.monotonic() + PEER_GRACE_S, error, dep.gen))
 
     def _settle_suspects(self) -> None:
         now = time.monotonic()
         with self.lock:
-            due = [(d, e) for d, (t, e) in self._suspects.items() if t <= now]
-            for d, _ in due:
+            due = [(d, e, g) for d, (t, e, g) in self._suspects.items() if t <= now]
+            for d, _, _ in due:
                 del self._suspects[d]
-        for dep_id, error in due:
+        for dep_id, error, gen in due:
             dep = self.deployments.get(dep_id)
-            if dep is not None:
+            if dep is not None and dep.gen is gen:  # not for a generation that was replaced meanwhile
                 dep.fail(error)
 
     def _died(self, im: InstanceManagerLink) -> None:
@@ -423,14 +452,14 @@ class Cluster:
                 code = im.process.wait(0.5)
             except subprocess.TimeoutExpired:
                 pass
-        hosted = {dep.query.name: dep.uses(im.index) for dep in self.deployments.values()}
-        hosted = {q: v for q, v in hosted.items() if v}
-        what = "; ".join(f"query {q}: {', '.join(v)}" for q, v in hosted.items()) or "no instances"
-        how = f"died with exit code {code}" if code is not None else "is gone (its control connection closed)"
+        hosted = {dep: dep.uses(im.index) for dep in list(self.deployments.values())}
+        hosted = {dep: v for dep, v in hosted.items() if v}
+        what = "; ".join(f"query {dep.query.name}{'' if dep.replica is None else f' (replica {dep.replica})'}: "
+                         f"{', '.join(v)}" for dep, v in hosted.items()) or "no instances"
+        how = f"died with exit code {code}" if code is not None else "is gone (its command connection closed)"
         im.dead = f"{im.describe()} {how}; it ran {what}"
-        for dep in self.deployments.values():
-            if dep.query.name in hosted:
-                dep.fail(EngineError(im.dead, "WORKER_DIED"))
+        for dep in hosted:
+            dep.fail(EngineError(im.dead, "WORKER_DIED"))
         with self.progress:
             self.progress.notify_all()
 

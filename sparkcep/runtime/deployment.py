@@ -123,6 +123,7 @@ class Deployment:
         if not isinstance(bins, int) or bins < 1 or bins & (bins - 1):
             raise QueryError(f"bins must be a power of two, got {bins}")
         self.id, self.query, self.bins = id, query, bins
+        self.replica: int | None = None  # which replica of a replicated deployment it is
         self.plan = plan(query)
         self.parallelism = parallelism_of(self.plan, parallelism)
         self.tables = bin_tables(Layout(self.plan, self.parallelism), bins)  # authoritative; routers hold copies
@@ -136,6 +137,7 @@ class Deployment:
         self.clock = EpochClock()
         self.epoch = 1  # the open epoch: data pushed now belongs to it, progress closes it
         self.error: EngineError | None = None
+        self.on_fail: list = []  # called with the error when the deployment fails
         self._arrival: int | None = None
         self._undo: dict[str, tuple[int, int]] = {}  # stream -> its (max_ts, rows) before the open epoch
         self.generations = 0
@@ -271,7 +273,7 @@ class Deployment:
             old.source_router.control(record)
             self.retiring.append(old)
         else:
-            self.sink.drop(old.feeds)
+            self.sink.drop(old.feeds, self.epoch - 1)
             old.close()
         for record in imports:
             self._stamp(record)
@@ -281,6 +283,16 @@ class Deployment:
         owners = {op: t.owners.tolist() for op, t in self.tables.items()}
         self.tables = bin_tables(gen.layout, self.bins, owners)
         self._run()
+
+    def rejoin(self, other: "Deployment") -> None:
+        """Take the progress of ``other``, a replica of this deployment that ran on while this one was
+        lost: its open epoch, sources and bin tables (call it holding :attr:`lock`, before a
+        :meth:`cut_over` to a generation seeded from ``other``'s state)."""
+        self.epoch, self.error = other.epoch, None
+        self.sources = {name: SourceState(s.max_ts, s.ended, s.rows) for name, s in other.sources.items()}
+        self._undo, self._arrival = {}, None
+        for op, table in other.tables.items():
+            self.tables[op] = table.copy()
 
     def await_handoffs(self, tickets, timeout: float = HANDOFF_TIMEOUT_S) -> int:
         """Wait until the state handed over under ``tickets`` is installed; returns its bytes."""
@@ -341,9 +353,11 @@ class Deployment:
         self.sink.poll()
 
     def fail(self, error: EngineError) -> None:
-        """Mark the deployment failed with ``error`` (the first one wins)."""
+        """Mark the deployment failed with ``error`` (the first one wins) and say so to ``on_fail``."""
         if self.error is None:
             self.error = error
+            for fn in self.on_fail:
+                fn(error)
 
     def wait(self, timeout: float | None = None) -> None:
         """Return once the outputs reflect every epoch closed so far (in-process: at once)."""

@@ -51,6 +51,8 @@ class OutputLog:
         self.schema, self.name, self.retain = schema, name, retain
         self.deployment = deployment  # id of the deployment producing it: positions belong to it
         self.subscribers: list[Callable[[pa.RecordBatch], None]] = []
+        self.on_error: list[Callable[[Exception], None]] = []  # told once when the producing query fails
+        self.error: Exception | None = None
         self.rows = 0  # rows produced since the start, retained or not
         self._parts: dict[int, _Partition] = {}
         self._consumers: dict[str, dict[int, int]] = {}
@@ -89,6 +91,13 @@ class OutputLog:
         for c in (SEQ, ID):
             cols.append(batch.column(c) if c in names else pa.array(np.full(batch.num_rows, -1, np.int64)))
         return pa.RecordBatch.from_arrays(cols, schema=self._stored)
+
+    def fail(self, error: Exception) -> None:
+        """The query producing this output failed: tell the error subscribers, once."""
+        if self.error is None:
+            self.error = error
+            for fn in self.on_error:
+                fn(error)
 
     # --- reading -------------------------------------------------------------------
     def table(self) -> pa.Table:

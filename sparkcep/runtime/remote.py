@@ -55,8 +55,9 @@ class RemoteDeployment(Deployment):
     """A query whose instances run on the cluster's instance managers."""
 
     def __init__(self, cluster: Cluster, id: str, query: Query, parallelism=1, bins: int = 128,
-                 retain: bool = True, **kw):
+                 retain: bool = True, ims=None, **kw):
         self.cluster = cluster
+        self.ims = ims  # the instance managers it may run on (None: any live one)
         self.sink_lock = threading.Lock()
         self.closed = False
         super().__init__(id, query, parallelism, bins, retain, board=cluster.board, **kw)
@@ -69,7 +70,7 @@ class RemoteDeployment(Deployment):
         layout = Layout(self.plan, parallelism)
         wire = self.id if self.generations == 1 else f"{self.id}.{self.generations}"
         if placement is None:
-            slots, topology = cluster.slots_and_topology()
+            slots, topology = cluster.slots_and_topology(self.ims)
             if not slots:
                 raise EngineError("no live instance manager to deploy to", "NO_WORKERS")
             placement = place(layout, slots, topology, None, cluster.load())

@@ -56,12 +56,13 @@ class Sink:
         self.feeds = self.feeds + feeds  # a new list: the collector thread may be going through the old one
         return feeds
 
-    def drop(self, feeds: list[Feed]) -> None:
+    def drop(self, feeds: list[Feed], after_epoch: int) -> None:
         """Stop reading ``feeds`` (their generation died) and forget the epochs staged so far, which they
-        left incomplete; the next generation's feeds start after them."""
+        left incomplete: the next generation's feeds take over after ``after_epoch``."""
         self.feeds = [f for f in self.feeds if all(f is not g for g in feeds)]
         self.staged.clear()
         self.aborted.clear()
+        self.published = after_epoch
 
     def poll(self) -> int:
         done = 0
