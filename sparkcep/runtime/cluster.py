@@ -22,7 +22,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -36,6 +35,7 @@ from sparkcep.runtime import commands as cmd
 from sparkcep.runtime.channels import DEFAULT_CAPACITY, Doorbell, RingConsumer, hello
 from sparkcep.runtime.handoff import Board
 from sparkcep.runtime.placement import Slot, im_slots
+from sparkcep.runtime.process import shared_dir
 from sparkcep.runtime.topology import Topology
 from sparkcep.runtime.wiring import host_key
 
@@ -83,8 +83,7 @@ class Cluster:
         self.token, self.ring_bytes = token, ring_bytes
         self.machine = Topology.load(topology)
         self.host = host_key(ENGINE_HOST)
-        self.dir = tempfile.mkdtemp(prefix=f"sparkcep-{os.getpid()}-",
-                                    dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        self.dir = shared_dir("")
         weakref.finalize(self, shutil.rmtree, self.dir, True)  # even if close() is never called
         self.token_file = str(auth.write(_path(self.dir, "token"), token))
         self.send_bell = Doorbell.create(os.path.join(self.dir, "engine-send"))

@@ -34,7 +34,6 @@ import shutil
 import signal
 import socket
 import sys
-import tempfile
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -49,7 +48,7 @@ from sparkcep.runtime.channels import ChannelClosed, Doorbell, hello, tcp
 from sparkcep.runtime.handoff import Handoffs
 from sparkcep.runtime.layout import Endpoint, Layout
 from sparkcep.runtime.metrics import EpochClock
-from sparkcep.runtime.process import GCPauses, keep_freed_memory
+from sparkcep.runtime.process import GCPauses, keep_freed_memory, shared_dir
 from sparkcep.runtime.topology import Topology, pin, prefer_node
 from sparkcep.runtime.warmup import heartbeat, warm_up
 from sparkcep.runtime.wiring import ChannelEnds, host_key, host_runners
@@ -94,8 +93,7 @@ class InstanceManager:
         self.server.setblocking(False)
         host, port = server.getsockname()[:2]
         self.address = f"{host}:{port}"
-        self.shm_dir = tempfile.mkdtemp(prefix=f"sparkcep-im-{os.getpid()}-",
-                                        dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        self.shm_dir = shared_dir("im-")
         self.bell = Doorbell.create(os.path.join(self.shm_dir, "bell"))
         self.links: dict[socket.socket, Link] = {}
         self.greeting: dict[socket.socket, float] = {}  # accepted, hello not read yet -> deadline

@@ -1,15 +1,52 @@
-"""What a pinned, single-threaded engine process sets up for itself: memory reuse and GC pause accounting."""
+"""What an engine process sets up for itself: shared-memory directories, memory reuse, GC pause accounting."""
 
 from __future__ import annotations
 
 import ctypes
 import gc
+import os
+import re
+import shutil
+import tempfile
 import time
 
 import pyarrow as pa
 
+SHM = "/dev/shm"
+SHM_NAME = re.compile(r"sparkcep-(?:im-)?(\d+)-")  # an engine's or an instance manager's directory, by pid
 KEEP_BYTES = 256 << 20  # freed memory an instance manager keeps for reuse (glibc malloc)
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (glibc malloc.h)
+
+
+def shared_dir(prefix: str) -> str:
+    """A new directory (mode 0700) for this process's rings and doorbells, in shared memory where there is
+    some: ``sparkcep-<prefix><pid>-*``. First removes the ones of processes that died without removing
+    theirs (an engine killed with SIGKILL cannot)."""
+    root = SHM if os.path.isdir(SHM) else None
+    reclaim(root or tempfile.gettempdir())
+    return tempfile.mkdtemp(prefix=f"sparkcep-{prefix}{os.getpid()}-", dir=root)
+
+
+def reclaim(root: str) -> list[str]:
+    """Remove the sparkcep directories under ``root`` whose process is gone; returns their paths."""
+    gone = []
+    for name in os.listdir(root):
+        m = SHM_NAME.match(name)
+        if m and not _alive(int(m.group(1))):
+            path = os.path.join(root, name)
+            shutil.rmtree(path, ignore_errors=True)
+            gone.append(path)
+    return gone
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 class GCPauses:

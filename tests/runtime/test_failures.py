@@ -147,3 +147,56 @@ def test_an_unguarded_script_with_threads_starts_its_workers(tmp_path):
     p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip().splitlines()[-1] == "rows 2"
+
+
+def test_after_a_worker_death_the_engine_stays_usable_and_subscribers_hear_of_it():
+    """One replica: the user's next call and the output's subscribers get WORKER_DIED at once; the dead
+    instance manager is never placed on again; a new deployment runs on the others."""
+    with cep.Engine.local(workers=2) as engine:
+        engine.deploy(query(), parallelism=2)
+        heard, got = [], []
+        engine.subscribe("f_out", got.append, on_error=heard.append)
+        engine.send("f_in", events(100))
+        victim = engine.instance_managers()[1]
+        os.kill(victim["pid"], signal.SIGKILL)
+        t0 = time.monotonic()
+        while not heard and time.monotonic() - t0 < 5:
+            time.sleep(0.01)
+        assert heard and heard[0].code == "WORKER_DIED" and victim["name"] in str(heard[0])
+        with pytest.raises(cep.EngineError) as e:
+            engine.send("f_in", events(10, 100))
+        assert e.value.code == "WORKER_DIED" and time.monotonic() - t0 < 5
+        engine.undeploy("fq")
+        dep = engine.deploy(query("again"), parallelism=2)
+        assert victim["name"] not in "".join(dep.explain().splitlines())
+        assert all(im["instances"] == [] for im in engine.instance_managers() if im["name"] == victim["name"])
+        engine.send("f_in", events(50))
+        engine.end("f_in")
+        assert sum(engine.collect("f_out").column("n").to_pylist()) == 50
+
+
+def test_a_sigkilled_engine_s_shared_memory_is_reclaimed_by_the_next_engine(tmp_path):
+    script = textwrap.dedent(f"""
+        import json, os, signal, sys
+        sys.path.insert(0, {os.path.dirname(os.path.dirname(cep.__file__))!r})
+        import sparkcep as cep
+        e = cep.Engine.local(workers=1)
+        print(json.dumps(e.cluster.dir), flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    env = dict(os.environ, SPARKCEP_HOME=str(tmp_path))
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    left = json.loads(p.stdout.strip().splitlines()[-1])
+    assert os.path.isdir(left)  # SIGKILL: nobody could remove it
+    with cep.Engine.local(workers=1) as engine:
+        assert not os.path.exists(left)
+        assert engine.cluster.dir != left
+    shm = os.path.dirname(left)
+    assert not [n for n in os.listdir(shm) if n.startswith("sparkcep-") and not _running(n)]
+
+
+def _running(name: str) -> bool:
+    """Is the process owning a sparkcep shared-memory directory alive?"""
+    from sparkcep.runtime.process import SHM_NAME
+    m = SHM_NAME.match(name)
+    return not m or not gone(int(m.group(1)))
