@@ -15,7 +15,7 @@ _NAMES = {
     "Query": "sparkcep.query.query", "Stream": "sparkcep.query.operators",
     "StatefulOperator": "sparkcep.query.operators", "Schema": "sparkcep.schema", "Engine": "sparkcep.engine",
     "TimeWindow": "sparkcep.query.windows", "TupleWindow": "sparkcep.query.windows",
-    "Running": "sparkcep.query.running", "col": "sparkcep.query.expressions", "lit": "sparkcep.query.expressions",
+    "Running": "sparkcep.query.running", "Retention": "sparkcep.runtime.output_log", "col": "sparkcep.query.expressions", "lit": "sparkcep.query.expressions",
     **{f: "sparkcep.query.aggregates" for f in ("count", "sum", "avg", "min", "max", "first", "last")},
     **{e: "sparkcep.errors" for e in ("SparkcepError", "SchemaError", "QueryError", "InputError",
                                       "UnknownStreamError", "EngineError")},

@@ -34,7 +34,7 @@ from sparkcep.query.query import Query
 from sparkcep.runtime.deployment import Deployment
 from sparkcep.runtime.handoff import ENGINE_HOST, Board, Handoffs
 from sparkcep.runtime.metrics import MetricServer, add_rates, deployment_metrics, late_counts
-from sparkcep.runtime.output_log import OutputLog
+from sparkcep.runtime.output_log import OutputLog, Retention
 
 log = logging.getLogger("sparkcep")
 
@@ -163,15 +163,17 @@ class Engine:
 
     # --- queries -----------------------------------------------------------------
     @checked(QueryError)
-    def deploy(self, query: Query, parallelism=1, bins: int = 128, retain: bool = True,
+    def deploy(self, query: Query, parallelism=1, bins: int = 128, retain: "bool | Retention" = True,
                balance: bool = False, replicas: int = 1) -> Deployed:
         """Plan and start ``query``; ``parallelism``: an int or ``{operator name: instances}``.
 
         ``bins``: route-key buckets per stateful operator (a power of two): the
-        unit of live migration. ``retain=False``: its outputs keep no rows, they
-        only reach subscribers (:meth:`subscribe`); ``collect()`` and Spark
-        readers then have nothing to read. For long runs whose results are
-        consumed as they come. ``balance=True``: the engine migrates it live to
+        unit of live migration. ``retain``: how much of each output its log
+        keeps for ``collect()`` and Spark readers: ``True`` the default
+        ``cep.Retention()`` (256 MiB per output, the oldest rows going first),
+        a ``cep.Retention(rows=, bytes=, age_s=)``, or ``False``: no rows, they
+        only reach subscribers (:meth:`subscribe`), for long runs whose
+        results are consumed as they come. ``balance=True``: the engine migrates it live to
         even the load of its instance managers (:mod:`sparkcep.migration.balancer`).
         ``replicas=2``: active replication (:mod:`sparkcep.replication`): copies
         on disjoint instance managers, each fed every input, their outputs

@@ -6,7 +6,10 @@ partition: 0 for the first row the partition ever produced, counting up, never
 reused. Readers (the Spark source) address rows by ``(partition, position)``;
 rows stay retained until every consumer that reads the log has committed past
 them (:meth:`OutputLog.commit`), so a reader restarted from a checkpoint can
-read again exactly what it had not committed.
+read again exactly what it had not committed — within the log's
+:class:`Retention` (by default 256 MiB per output): past it the oldest rows
+go, read or not, and a reader that asks for them gets an error saying how
+many it missed; nothing is skipped silently.
 
 Thread-safe: the engine appends from its own thread while the loopback
 endpoint reads, commits and releases from connection threads.
@@ -16,6 +19,8 @@ from __future__ import annotations
 
 import bisect
 import threading
+import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -26,12 +31,33 @@ from sparkcep.core.columns import ID, SEQ
 from sparkcep.errors import EngineError
 
 
+@dataclass(frozen=True)
+class Retention:
+    """How much of an output its log keeps for readers: at most ``rows`` rows, ``bytes`` bytes, rows at
+    most ``age_s`` seconds old (None: no bound of that kind). Past a bound the oldest rows go first,
+    whether every reader has read them or not."""
+
+    rows: int | None = None
+    bytes: int | None = 256 << 20
+    age_s: float | None = None
+
+    def __post_init__(self):
+        for name in ("rows", "bytes", "age_s"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0):
+                raise EngineError(f"Retention({name}={v!r}): expected a positive number or None", "BAD_RETENTION")
+
+
+DEFAULT_RETENTION = Retention()
+
+
 @dataclass
 class _Partition:
     """Retained batches of one partition; ``starts[i]`` is the position of ``batches[i]``'s first row."""
 
     base: int = 0  # position of the first retained row
     end: int = 0  # position after the last row produced
+    dropped: int = 0  # rows before this position were dropped by the retention
     starts: list[int] = field(default_factory=list)
     batches: list[pa.RecordBatch] = field(default_factory=list)  # visible fields + SEQ + ID
 
@@ -40,20 +66,28 @@ class OutputLog:
     """Every retained row of one output stream, per partition.
 
     ``collect()`` on the engine returns :meth:`table`: every *retained* row.
-    Nothing is released unless a consumer commits (the Spark source does at
-    ``commit(end)``), so without Spark readers the log keeps everything.
-    With ``retain=False`` it keeps nothing: rows go to the subscribers only
+    Rows are released when every consumer committed past them (the Spark
+    source does at ``commit(end)``) or when the :class:`Retention` drops them
+    (``retain=True``: :data:`DEFAULT_RETENTION`; or a ``Retention``). With
+    ``retain=False`` it keeps nothing: rows go to the subscribers only
     (positions still count up), for long runs whose results are consumed as
     they come.
     """
 
-    def __init__(self, schema: pa.Schema, name: str = "", retain: bool = True, deployment: str = ""):
-        self.schema, self.name, self.retain = schema, name, retain
+    def __init__(self, schema: pa.Schema, name: str = "", retain: "bool | Retention" = True,
+                 deployment: str = ""):
+        if not isinstance(retain, (bool, Retention)):
+            raise EngineError(f"retain={retain!r}: expected True, False or a cep.Retention", "BAD_RETENTION")
+        self.retention = DEFAULT_RETENTION if retain is True else retain or None
+        self.schema, self.name, self.retain = schema, name, self.retention is not None
         self.deployment = deployment  # id of the deployment producing it: positions belong to it
         self.subscribers: list[Callable[[pa.RecordBatch], None]] = []
         self.on_error: list[Callable[[Exception], None]] = []  # told once when the producing query fails
         self.error: Exception | None = None
         self.rows = 0  # rows produced since the start, retained or not
+        self.held_rows = self.held_bytes = 0  # what the retained batches hold
+        self.dropped = 0  # rows the retention dropped
+        self._order: deque = deque()  # (time, partition, position, rows, bytes) of each batch kept, oldest first
         self._parts: dict[int, _Partition] = {}
         self._consumers: dict[str, dict[int, int]] = {}
         self._lock = threading.Lock()
@@ -76,10 +110,15 @@ class OutputLog:
                 if kept is not None:
                     part.starts.append(part.end)
                     part.batches.append(kept)
+                    self._order.append((time.monotonic(), partition, part.end, kept.num_rows, kept.nbytes))
+                    self.held_rows += kept.num_rows
+                    self.held_bytes += kept.nbytes
                 part.end += batch.num_rows
                 if kept is None:
                     part.base = part.end
                 self.rows += batch.num_rows
+            if self.retention is not None:
+                self._retain()
         for _, _, v in visible:
             for fn in self.subscribers:
                 fn(v)
@@ -91,6 +130,28 @@ class OutputLog:
         for c in (SEQ, ID):
             cols.append(batch.column(c) if c in names else pa.array(np.full(batch.num_rows, -1, np.int64)))
         return pa.RecordBatch.from_arrays(cols, schema=self._stored)
+
+    def _retain(self) -> None:
+        """Drop the oldest batches while the retention is exceeded (holding the lock). A batch counts
+        until it leaves the front of the order, so commits releasing out of order make the log drop a
+        little early, never hold more."""
+        r, now = self.retention, time.monotonic()
+        while self._order and ((r.bytes is not None and self.held_bytes > r.bytes) or
+                               (r.rows is not None and self.held_rows > r.rows) or
+                               (r.age_s is not None and now - self._order[0][0] > r.age_s)):
+            _, partition, position, rows, _ = self._order[0]
+            part = self._parts[partition]
+            if part.base < position + rows:  # not released by commits already
+                part.dropped = position + rows
+                self.dropped += position + rows - max(part.base, position)
+                self._release(part, position + rows)
+            else:
+                self._forget_oldest()
+
+    def _forget_oldest(self) -> None:
+        _, _, _, rows, nbytes = self._order.popleft()
+        self.held_rows -= rows
+        self.held_bytes -= nbytes
 
     def fail(self, error: Exception) -> None:
         """The query producing this output failed: tell the error subscribers, once."""
@@ -105,6 +166,10 @@ class OutputLog:
         if not self.retain:
             raise EngineError(f"output {self.name!r} keeps no rows (its query was deployed with retain=False); "
                               "subscribe to it to get its rows", "NOT_RETAINED")
+        if self.dropped:
+            raise EngineError(f"output {self.name!r} is incomplete: its retention ({self.retention}) dropped "
+                              f"{self.dropped} of its {self.rows} rows; subscribe to it, read it with Spark as it "
+                              f"grows, or deploy with a larger retain=cep.Retention(...)", "OUTPUT_TRUNCATED")
         with self._lock:
             batches = [b for p in sorted(self._parts) for b in self._parts[p].batches]
         return pa.Table.from_batches([b.select(self.schema.names) for b in batches], schema=self.schema)
@@ -145,6 +210,11 @@ class OutputLog:
         """
         with self._lock:
             part = self._parts.get(partition, _Partition())
+            if start < part.dropped:
+                raise EngineError(f"rows {start}..{part.dropped} of partition {partition} of output {self.name!r} "
+                                  f"were dropped by its retention ({self.retention}) before they were read: "
+                                  f"{part.dropped - start} rows missed; the first retained row is at {part.base}",
+                                  "OFFSET_RELEASED")
             if start < part.base:
                 raise EngineError(f"rows {start}..{min(end, part.base)} of partition {partition} were released "
                                   f"(committed by every consumer); the first retained row is at {part.base}",
@@ -170,19 +240,21 @@ class OutputLog:
         """Drop the rows of ``partition`` before position ``upto``."""
         with self._lock:
             part = self._parts.get(partition)
-            if part is None or upto <= part.base:
-                return
-            upto = min(upto, part.end)
-            k = bisect.bisect_right(part.starts, upto) - 1  # batch holding position upto (or the last one)
-            if k >= 0 and part.starts[k] + part.batches[k].num_rows <= upto:
-                k += 1  # batches[k] ends at or before upto: drop it whole
-            if k > 0:
-                del part.starts[:k], part.batches[:k]
-            if part.batches and part.starts[0] < upto:
-                cut = upto - part.starts[0]
-                part.batches[0] = part.batches[0].slice(cut)
-                part.starts[0] = upto
-            part.base = upto
+            if part is not None and upto > part.base:
+                self._release(part, min(upto, part.end))
+
+    @staticmethod
+    def _release(part: _Partition, upto: int) -> None:
+        k = bisect.bisect_right(part.starts, upto) - 1  # batch holding position upto (or the last one)
+        if k >= 0 and part.starts[k] + part.batches[k].num_rows <= upto:
+            k += 1  # batches[k] ends at or before upto: drop it whole
+        if k > 0:
+            del part.starts[:k], part.batches[:k]
+        if part.batches and part.starts[0] < upto:
+            cut = upto - part.starts[0]
+            part.batches[0] = part.batches[0].slice(cut)
+            part.starts[0] = upto
+        part.base = upto
 
     def register(self, consumer: str, positions: dict[int, int] | None = None) -> None:
         """Hold rows for ``consumer`` from ``positions`` (default: the earliest retained) on.

@@ -103,3 +103,41 @@ def test_a_reader_sees_a_send_s_rows_all_at_once(workers):
         e.end("s")
     assert len(seen) > 1 and sum(n for n, _ in seen) == 60_000
     assert {total for _, total in seen} == {60_000}
+
+
+def test_an_output_nobody_reads_stays_within_its_retention():
+    """Ten times the default retention through an output nobody reads: memory stays bounded, the oldest
+    rows go, and a reader asking for them is told how many it missed."""
+    import psutil
+
+    import sparkcep as cep
+    from sparkcep.runtime.output_log import DEFAULT_RETENTION
+
+    q = cep.Query("big")
+    q.output("kept", q.stream("big_in", "k string, v int64").filter(cep.col("v") >= 0))
+    value = "x" * 2000
+    rows = 50_000
+    me = psutil.Process()
+    with cep.Engine.local() as engine:
+        engine.deploy(q)
+        log = engine.outputs["kept"]
+        batch = pa.table({"k": pa.array([value] * rows), "v": pa.array(range(rows), pa.int64())})
+        engine.send("big_in", batch)
+        per_send = log.held_bytes
+        before = me.memory_info().rss
+        sends = 10 * DEFAULT_RETENTION.bytes // per_send + 1
+        for _ in range(sends):
+            engine.send("big_in", batch)
+        grew = me.memory_info().rss - before
+        assert sends * per_send > 10 * DEFAULT_RETENTION.bytes
+        assert log.held_bytes <= DEFAULT_RETENTION.bytes
+        assert grew < DEFAULT_RETENTION.bytes + (256 << 20), f"RSS grew {grew >> 20} MiB"
+        assert log.rows == (sends + 1) * rows and log.dropped > 9 * log.held_rows
+        first = log.earliest()[0]
+        with pytest.raises(cep.EngineError) as e:
+            log.read(0, 10, 20)
+        assert e.value.code == "OFFSET_RELEASED" and f"{first - 10} rows missed" in str(e.value)
+        with pytest.raises(cep.EngineError) as e:
+            engine.collect("kept")
+        assert e.value.code == "OUTPUT_TRUNCATED" and str(log.dropped) in str(e.value)
+        assert sum(b.num_rows for b in log.read(0, first, log.latest()[0])) == log.latest()[0] - first
