@@ -11,11 +11,22 @@ token the same way.
 >>> token = generate()
 >>> check(token, token), check(token, "guess"), check(token, None)
 (True, False, False)
+
+Documents that others could forge — the registry has no ACLs — are
+*sealed*: :func:`seal` adds an HMAC-SHA256 of the document under the token,
+:func:`unseal` checks it before anything in the document is acted on or
+unpickled. A seal proves who wrote a document, it does not hide it; tokens
+themselves never go into a document.
+
+>>> unseal(seal({"query": "q1"}, token), token)
+{'query': 'q1'}
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+import json
 import os
 import secrets
 import time
@@ -24,6 +35,8 @@ from pathlib import Path
 from sparkcep.errors import EngineError
 
 TOKEN_BYTES = 32
+SEAL = "_seal"  # the key of a sealed document's HMAC
+_SEAL_CONTEXT = b"sparkcep seal v1\n"
 
 
 class AuthError(EngineError):
@@ -79,3 +92,36 @@ def read(path: str | os.PathLike) -> str:
 def check(expected: str, given) -> bool:
     """Whether ``given`` is the token ``expected``, compared in constant time."""
     return isinstance(given, str) and hmac.compare_digest(expected.encode(), given.encode())
+
+
+def _mac(body: dict, token: str, what: str) -> str:
+    """HMAC-SHA256 under ``token`` of ``body``'s canonical JSON (sorted keys, no spaces, ASCII)."""
+    try:
+        canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise AuthError(f"cannot seal {what}: it is not JSON ({e})", "BAD_DOCUMENT") from None
+    if token in canonical:
+        raise AuthError(f"cannot seal {what}: it holds the token itself", "TOKEN_IN_DOCUMENT")
+    return "hmac-sha256:" + hmac.new(token.encode(), _SEAL_CONTEXT + canonical.encode(), hashlib.sha256).hexdigest()
+
+
+def seal(doc: dict, token: str, what: str = "document") -> dict:
+    """``doc`` with its seal under ``token`` (key ``_seal``, replacing any former one); called before a
+    document that something will act on goes into the registry."""
+    if not isinstance(doc, dict):
+        raise AuthError(f"cannot seal {what}: expected a dict, got {type(doc).__name__}", "BAD_DOCUMENT")
+    body = {k: v for k, v in doc.items() if k != SEAL}
+    return {**body, SEAL: _mac(body, token, what)}
+
+
+def unseal(doc, token: str, what: str = "document") -> dict:
+    """``doc`` without its seal, if the seal is ``token``'s; AuthError ``UNAUTHENTICATED`` naming ``what``
+    when it is unsealed or its seal does not match (tampered with, or sealed with another token)."""
+    if not isinstance(doc, dict) or not isinstance(doc.get(SEAL), str):
+        raise AuthError(f"{what} is not sealed: refused (only holders of the cluster token may write it)",
+                        "UNAUTHENTICATED")
+    body = {k: v for k, v in doc.items() if k != SEAL}
+    if not hmac.compare_digest(_mac(body, token, what).encode(), doc[SEAL].encode()):
+        raise AuthError(f"{what}: its seal does not match (tampered with, or sealed with another token): refused",
+                        "UNAUTHENTICATED")
+    return body
