@@ -1,0 +1,351 @@
+"""The registry's contract: a tree of small JSON documents with watches, transactions and sessions.
+
+The registry holds the control plane's shared state (DESIGN.md §6):
+deployments, bin tables, the live instance managers (ephemeral nodes), the
+orchestrator lease. Two backends keep the same semantics:
+:class:`~sparkcep.control.registry.zk.ZkRegistry` (a ZooKeeper server through
+kazoo: clusters, fail-over) and
+:class:`~sparkcep.control.registry.embedded.EmbeddedRegistry` (in-process:
+``Engine.local()`` on one machine).
+
+**Paths** are absolute within the registry's root (``/members/im-1``; ``/`` is
+the root itself). **Documents** are JSON objects (dicts) of at most
+:data:`MAX_DOCUMENT` bytes encoded; a node made as a missing parent reads as
+``{}``. A registry object is one **session**: the ephemeral nodes it creates
+last until the session ends (:meth:`Registry.close`, its process dying, or
+expiry).
+
+**Session states** (:class:`State`, as kazoo's), and what a caller may assume:
+
+* ``CONNECTED``: operations go through; this session's ephemeral nodes and
+  leases are held.
+* ``SUSPENDED``: the connection dropped; the session may still be alive on the
+  server (its ephemeral nodes stay until the session timeout), or not.
+  Operations wait for a reconnection, up to the registry's timeout. Start
+  nothing that needs a lease: :attr:`Lease.is_leader` is False meanwhile.
+* ``LOST``: the session ended; its ephemeral nodes and leases are gone and
+  other sessions may hold them already. Each lease of the session calls its
+  ``on_lost``. The registry reconnects with a new session (``CONNECTED``):
+  re-create ephemeral nodes and contend again; watches carry over.
+
+**Callbacks** (watches, state listeners, lease callbacks) run one at a time on
+the registry's event thread, never under a lock of the registry: they may
+call the registry, but should return quickly (a blocking call holds every
+other callback back) and must not close it. After :meth:`Registry.close`
+returns, none runs.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import json
+import logging
+import re
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+from sparkcep.errors import EngineError
+
+log = logging.getLogger("sparkcep.control.registry")
+
+MAX_DOCUMENT = 512 * 1024  # ZooKeeper refuses requests over 1 MB (jute.maxbuffer)
+LEASES = "/leases"
+
+_PATH = re.compile(r"(/[^/\x00-\x1f\x7f]+)+")
+
+
+class RegistryError(EngineError):
+    """A registry operation failed: ``code`` says why, ``path`` names the node (None: the registry itself).
+
+    Codes: REGISTRY_UNREACHABLE, REGISTRY_CLOSED, NO_NODE, NODE_EXISTS,
+    NOT_EMPTY, EPHEMERAL_PARENT, BAD_PATH, BAD_DOCUMENT, DOCUMENT_TOO_LARGE,
+    BAD_ADDRESS, UNKNOWN_ARGUMENT, LEASE_TIMEOUT, LEASE_LOST, and CONFLICT
+    (ZooKeeper: concurrent writers kept spoiling a transaction's plan).
+    """
+
+    code = "REGISTRY"
+
+    def __init__(self, message: str, code: str | None = None, path: str | None = None):
+        super().__init__(message, code)
+        self.path = path
+
+
+_NODE_ERRORS = {
+    "NO_NODE": "no such node",
+    "NODE_EXISTS": "the node exists already",
+    "NOT_EMPTY": "the node has children (delete with recursive=True)",
+    "EPHEMERAL_PARENT": "its parent is an ephemeral node, which cannot have children",
+}
+
+
+def node_error(code: str, operation: str, path: str) -> RegistryError:
+    """The error of ``operation`` on ``path`` (relative to the root), worded the same by both backends."""
+    return RegistryError(f"{operation} {path}: {_NODE_ERRORS[code]}", code, path)
+
+
+class State(enum.Enum):
+    """A registry session's state: see the module docstring for what a caller may assume in each."""
+
+    CONNECTED = "CONNECTED"
+    SUSPENDED = "SUSPENDED"
+    LOST = "LOST"
+
+
+def check_path(path: str) -> str:
+    """``path`` if it is an absolute node path (``/a/b``, or ``/``); RegistryError BAD_PATH otherwise."""
+    if path == "/" or (isinstance(path, str) and _PATH.fullmatch(path)
+                       and not {".", ".."} & set(path.split("/"))):
+        return path
+    raise RegistryError(f"bad registry path {path!r}: expected an absolute path such as '/members/im-1' "
+                        "(no empty, '.' or '..' parts, no trailing '/', no control characters)", "BAD_PATH", path)
+
+
+def parent(path: str) -> str:
+    """The parent of an absolute path (``/`` for a top-level node)."""
+    return path.rsplit("/", 1)[0] or "/"
+
+
+def ancestors(path: str) -> list[str]:
+    """The proper ancestors of ``path`` below ``/``, outermost first: ``/a/b/c`` -> ``/a``, ``/a/b``."""
+    parts = path.split("/")[1:-1]
+    return ["/" + "/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
+def sequence_number(name: str) -> int:
+    """The number a sequential node's name ends with (10 digits, as ZooKeeper appends)."""
+    return int(name[-10:])
+
+
+def encode(doc: dict, path: str) -> bytes:
+    """``doc`` as stored: compact JSON; BAD_DOCUMENT or DOCUMENT_TOO_LARGE naming ``path`` otherwise."""
+    if not isinstance(doc, dict):
+        raise RegistryError(f"document for {path}: expected a dict (a JSON object), got {type(doc).__name__}",
+                            "BAD_DOCUMENT", path)
+    try:
+        data = json.dumps(doc, separators=(",", ":"), sort_keys=True, allow_nan=False).encode()
+    except (TypeError, ValueError) as e:
+        raise RegistryError(f"document for {path} is not JSON: {e}", "BAD_DOCUMENT", path) from None
+    if len(data) > MAX_DOCUMENT:
+        raise RegistryError(f"document for {path} is {len(data):,} bytes encoded; at most {MAX_DOCUMENT:,} "
+                            "(keep bulky state out of the registry)", "DOCUMENT_TOO_LARGE", path)
+    return data
+
+
+def decode(data: bytes, path: str) -> dict:
+    """A stored document (``{}`` for a node made as a parent); BAD_DOCUMENT when it is not a JSON object."""
+    if not data:
+        return {}
+    try:
+        doc = json.loads(data)
+    except ValueError as e:
+        raise RegistryError(f"node {path} holds no JSON document: {e}", "BAD_DOCUMENT", path) from None
+    if not isinstance(doc, dict):
+        raise RegistryError(f"node {path} holds a JSON {type(doc).__name__}, not an object", "BAD_DOCUMENT", path)
+    return doc
+
+
+@dataclass(frozen=True)
+class Op:
+    """One operation of a transaction, its document already encoded."""
+
+    kind: str  # "create", "set" (create or replace) or "delete"
+    path: str
+    data: bytes = b""
+    ephemeral: bool = False
+    sequence: bool = False
+
+
+_UNSET = object()
+
+
+class Watch:
+    """A watch on one node: ``callback(value)`` at registration, then whenever the value changes.
+
+    The value is the node's document (None while it is missing) or its sorted
+    children ([] while it is missing); a watch survives the node's deletion,
+    its re-creation and session losses. Successive changes may be reported as
+    one call with the latest value; a value equal to the last reported one is
+    not reported again. The first call runs in the registering thread before
+    ``watch()`` returns, the next ones on the event thread.
+    """
+
+    def __init__(self, path: str, read: Callable[[], object], callback: Callable[[object], object]):
+        self.path = path
+        self._read, self._callback = read, callback
+        self._lock = threading.Lock()
+        self._last = _UNSET
+        self.cancelled = False
+
+    def refresh(self) -> None:
+        """Read the node and report its value if it changed; called by the backend after each event."""
+        with self._lock:
+            if self.cancelled:
+                return
+            value = self._read()
+            if value == self._last:
+                return
+            self._last = value
+            try:
+                self._callback(value)
+            except Exception:
+                log.exception("watch callback on %s failed", self.path)
+
+    def cancel(self) -> None:
+        """Stop the watch: the callback is not called after this returns (unless it is running now)."""
+        self.cancelled = True
+
+
+class Transaction:
+    """Operations applied together or not at all, at :meth:`commit` (or at the end of a ``with`` block).
+
+    Missing parents are created as part of the transaction; a failing
+    operation raises its error (``NODE_EXISTS``, ``NO_NODE``, ...) naming its
+    path, and leaves the registry as it was.
+
+    >>> with registry.transaction() as t:            # doctest: +SKIP
+    ...     t.create("/deployments/d1", spec)
+    ...     t.create("/deployments/d1/placement/sq0-0", {"member": "im-1"})
+    """
+
+    def __init__(self, registry: "Registry"):
+        self._registry = registry
+        self._ops: list[Op] = []
+        self.paths: list[str] | None = None  # after commit: each operation's path (sequential names filled in)
+
+    def create(self, path: str, doc: dict, ephemeral: bool = False, sequence: bool = False) -> "Transaction":
+        """Add the creation of ``path`` (as :meth:`Registry.create`)."""
+        self._ops.append(Op("create", check_path(path), encode(doc, path), ephemeral, sequence))
+        return self
+
+    def set(self, path: str, doc: dict) -> "Transaction":
+        """Add the creation or replacement of ``path`` (as :meth:`Registry.set`)."""
+        self._ops.append(Op("set", check_path(path), encode(doc, path)))
+        return self
+
+    def delete(self, path: str) -> "Transaction":
+        """Add the deletion of ``path``, which must exist and have no children."""
+        self._ops.append(Op("delete", check_path(path)))
+        return self
+
+    def commit(self) -> list[str]:
+        """Apply every operation or none; the path of each (with sequence numbers filled in)."""
+        self.paths = self._registry._commit(list(self._ops)) if self._ops else []
+        return self.paths
+
+    def __enter__(self) -> "Transaction":
+        return self
+
+    def __exit__(self, kind, value, tb) -> None:
+        if kind is None:
+            self.commit()
+
+
+class Registry(abc.ABC):
+    """A session on a tree of small JSON documents, shared by the control plane's processes.
+
+    Implementations: ZkRegistry (kazoo), EmbeddedRegistry (in-process). Every
+    method may raise :class:`RegistryError`; none blocks longer than the
+    registry's timeout except :meth:`Lease.acquire`. Thread-safe.
+    """
+
+    address: str  # how open_registry() reaches it: "zk://HOST:PORT/PATH" or "embedded"
+
+    def __init__(self) -> None:
+        self._state = State.CONNECTED
+        self._listeners: list[Callable[[State], object]] = []
+
+    # -- documents ---------------------------------------------------------
+    def create(self, path: str, doc: dict, ephemeral: bool = False, sequence: bool = False) -> str:
+        """Create ``path`` holding ``doc`` (missing parents made as ``{}``); its path, with ``sequence`` the
+        10-digit number appended (increasing within the parent). NODE_EXISTS if it exists; an ephemeral
+        node goes with this session and cannot have children (EPHEMERAL_PARENT)."""
+        return self._commit([Op("create", check_path(path), encode(doc, path), ephemeral, sequence)])[0]
+
+    def set(self, path: str, doc: dict) -> None:
+        """Create ``path`` holding ``doc``, or replace its document (missing parents made as ``{}``)."""
+        self._commit([Op("set", check_path(path), encode(doc, path))])
+
+    @abc.abstractmethod
+    def get(self, path: str) -> dict | None:
+        """The document at ``path``, or None if there is no such node."""
+
+    @abc.abstractmethod
+    def delete(self, path: str, recursive: bool = False) -> None:
+        """Delete ``path`` (with its descendants if ``recursive``); NO_NODE if missing, NOT_EMPTY if it has
+        children and not ``recursive``."""
+
+    @abc.abstractmethod
+    def children(self, path: str) -> list[str]:
+        """The names of ``path``'s children, sorted ([] if ``path`` is missing)."""
+
+    @abc.abstractmethod
+    def watch(self, path: str, callback: Callable[[dict | None], object]) -> Watch:
+        """Call ``callback(doc)`` now and whenever the document at ``path`` changes (None: missing)."""
+
+    @abc.abstractmethod
+    def watch_children(self, path: str, callback: Callable[[list[str]], object]) -> Watch:
+        """Call ``callback(children)`` now and whenever ``path``'s children change (sorted names)."""
+
+    def transaction(self) -> Transaction:
+        """A new :class:`Transaction`: operations applied all together or not at all."""
+        return Transaction(self)
+
+    @abc.abstractmethod
+    def _commit(self, ops: list[Op]) -> list[str]:
+        """Apply ``ops`` atomically (missing parents created too); the path of each; the first failing
+        operation's RegistryError otherwise, nothing applied."""
+
+    # -- leases ------------------------------------------------------------
+    def lease(self, name: str, identity: str, on_lost: Callable[[], object] | None = None):
+        """A :class:`~sparkcep.control.registry.lease.Lease` named ``name`` that this session contends for as
+        ``identity``; ``on_lost()`` when its session ends while holding or waiting for it."""
+        from sparkcep.control.registry.lease import Lease
+        return Lease(self, name, identity, on_lost)
+
+    def leader(self, name: str) -> str | None:
+        """The identity holding the lease ``name``, or None if nobody does."""
+        from sparkcep.control.registry.lease import holder
+        return holder(self, name)
+
+    # -- session -----------------------------------------------------------
+    @property
+    def state(self) -> State:
+        """The session's current :class:`State`."""
+        return self._state
+
+    def add_listener(self, callback: Callable[[State], object]) -> None:
+        """Call ``callback(state)`` on the event thread at each change of :attr:`state`."""
+        self._listeners.append(callback)
+
+    def remove_listener(self, callback: Callable[[State], object]) -> None:
+        """Stop calling ``callback`` (no error if it was not registered)."""
+        try:
+            self._listeners.remove(callback)
+        except ValueError:
+            pass
+
+    def _set_state(self, state: State) -> None:
+        """Record a state change now and tell the listeners on the event thread; called by the backend."""
+        self._state = state
+        for callback in list(self._listeners):
+            self.call_soon(lambda callback=callback: callback(state))
+
+    @abc.abstractmethod
+    def call_soon(self, fn: Callable[[], object]) -> None:
+        """Run ``fn()`` on the event thread, after the callbacks already queued."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """End the session: its ephemeral nodes and leases go at once; no callback runs after this returns.
+        Idempotent; later operations raise REGISTRY_CLOSED."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.address!r}, {self.state.value})"
