@@ -14,6 +14,7 @@ import sys
 COMMANDS = {
     "worker": ("sparkcep.runtime.instance_manager", "run an instance manager: a service engines deploy instances to"),
     "status": ("sparkcep.control.status", "show a running local engine: queries, instance managers, metrics"),
+    "zookeeper": ("sparkcep.control.zookeeper", "run a development ZooKeeper server on loopback for the registry"),
     "warm-up": ("sparkcep.runtime.warmup", "compile the engine's kernels into numba's cache (the install does it)"),
     "bench": ("sparkcep.bench.cli", "run a HiBench or NEXMark workload, optionally beside Spark"),
 }
