@@ -110,6 +110,19 @@ class Engine:
             raise
         return engine
 
+    @staticmethod
+    def connect(address: str, token: str | None = None, token_file: str | None = None):
+        """The engine of a cluster (``zk://HOST:PORT/PATH``): deploy through its leading orchestrator;
+        send, end, collect, subscribe and metrics straight to its engine host
+        (:class:`sparkcep.control.connect.ConnectedEngine`). ``token``, or the file holding it."""
+        from sparkcep.control.connect import ConnectedEngine
+        if token is None:
+            if token_file is None:
+                raise EngineError("Engine.connect needs the cluster's token (token=... or token_file=...)",
+                                  "TOKEN_NOT_FOUND")
+            token = auth.read(token_file)
+        return ConnectedEngine(address, token)
+
     def _cluster(self):
         """The instance managers (created on first use)."""
         if self.cluster is None:

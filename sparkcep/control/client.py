@@ -24,6 +24,7 @@ import socket
 import threading
 import uuid
 
+import cloudpickle
 import pyarrow as pa
 
 from sparkcep import errors
@@ -223,6 +224,17 @@ class EngineClient:
 
     def instance_managers(self) -> list[dict]:
         return self.request("instance_managers")[0]["instance_managers"]
+
+    def deploy(self, query, **options) -> dict:
+        """Deploy ``query`` on the engine with ``deploy()``'s ``options``: its id, plan and streams."""
+        return self.request("deploy", cloudpickle.dumps(query), options=options)[0]
+
+    def undeploy(self, query: str) -> None:
+        self.request("undeploy", query=query)
+
+    def shutdown(self) -> None:
+        """Stop the process serving the engine (an engine host)."""
+        self.request("shutdown")
 
     # --- transport ---------------------------------------------------------------------
     def request(self, op: str, payload=b"", **fields) -> tuple[dict, pa.Buffer | None]:

@@ -62,6 +62,7 @@ import threading
 import time
 import traceback
 
+import cloudpickle
 import numpy as np
 import pyarrow as pa
 
@@ -106,6 +107,7 @@ class Endpoint:
         self._thread = threading.Thread(target=self._accept, name=f"sparkcep-endpoint-{self.address}", daemon=True)
         self._thread.start()
         self._published = publish
+        self.on_shutdown = None  # set by a process that may be stopped through its endpoint (an engine host)
         if publish:
             discovery.publish(self.address, self.token_file)
 
@@ -345,6 +347,24 @@ class Endpoint:
 
     def _op_instance_managers(self, h, _):
         return {"instance_managers": self.engine.instance_managers()}, b""
+
+    def _op_deploy(self, h, payload):
+        """Deploy the query pickled in the payload (the caller proved the token) with ``options``."""
+        query = cloudpickle.loads(memoryview(payload))
+        dep = self.engine.deploy(query, **h.get("options", {}))
+        return {"deployment": dep.id, "explain": dep.explain(), "streams": sorted(query.sources),
+                "outputs": sorted(query.outputs)}, b""
+
+    def _op_undeploy(self, h, _):
+        self.engine.undeploy(h.get("query"))
+        return {}, b""
+
+    def _op_shutdown(self, h, _):
+        """Stop the process serving this engine, when it allows it (an engine host does)."""
+        if self.on_shutdown is None:
+            raise EngineError(f"the engine at {self.address} is not stopped from afar", "NOT_ALLOWED")
+        threading.Thread(target=self.on_shutdown, daemon=True).start()
+        return {}, b""
 
     # --- metrics -----------------------------------------------------------------------
     def snapshot(self) -> dict:

@@ -363,6 +363,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--topology", default=None, help="NUMA topology file (default: this machine's sysfs)")
     parser.add_argument("--once", action="store_true",
                         help="exit when the first engine's control connection closes")
+    parser.add_argument("--zk", default=None, metavar="HOST:PORT/PATH",
+                        help="join this cluster's registry as a member (its engine host then deploys here)")
 
 
 def run(args) -> int:
@@ -393,14 +395,33 @@ def run(args) -> int:
         print(f"FAILED {e}", flush=True)  # an engine that started us reads it instead of READY
         print(f"sparkcep worker: {e}", file=sys.stderr, flush=True)
         return 1
+    member = None
+    if args.zk:
+        try:
+            member = join(args.zk, im)
+        except EngineError as e:
+            print(f"sparkcep worker: {e} [{e.code}]", file=sys.stderr, flush=True)
+            im.close()
+            return 1
     print("READY " + json.dumps(vars(im.info())), flush=True)
     signal.signal(signal.SIGTERM, lambda *_: setattr(im, "stopping", True))
     try:
         if not stop:
             im.loop()
     finally:
+        if member is not None:
+            member.close()
         im.close()
     return 0
+
+
+def join(zk: str, im: InstanceManager):
+    """Make ``im`` a member of the cluster whose registry is at ``zk`` (``HOST:PORT/PATH``)."""
+    from sparkcep.control.member import Membership
+    from sparkcep.control.registry import open_registry
+    info = vars(im.info())
+    registry = open_registry(zk if zk.startswith("zk://") else f"zk://{zk}")
+    return Membership(registry, im.name, {k: info[k] for k in ("name", "address", "host", "pid", "cpus", "node")})
 
 
 def main(argv: list[str] | None = None) -> int:

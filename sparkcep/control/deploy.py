@@ -1,0 +1,52 @@
+"""``sparkcep deploy --zk HOST:PORT/PATH --token-file F QUERY.py``: deploy a query on a cluster.
+
+``QUERY.py`` defines ``query`` (a :class:`sparkcep.Query`); the leading
+orchestrator deploys it on the cluster's instance managers and the command
+prints the plan with where each instance runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import runpy
+import sys
+
+from sparkcep import auth
+from sparkcep.errors import SparkcepError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--zk", required=True, metavar="HOST:PORT/PATH", help="the cluster's ZooKeeper and root path")
+    parser.add_argument("--token-file", required=True, help="the cluster's token")
+    parser.add_argument("--parallelism", type=int, default=1, help="instances per sub-query (default 1)")
+    parser.add_argument("--bins", type=int, default=128, help="bins per stateful operator (a power of two)")
+    parser.add_argument("--replicas", type=int, default=1, help="active replicas of the query (default 1)")
+    parser.add_argument("file", metavar="QUERY.py", help="a Python file defining `query`, a sparkcep.Query")
+
+
+def load_query(path: str):
+    """The ``query`` a Python file defines; SystemExit with a clear message otherwise."""
+    import sparkcep as cep
+    try:
+        names = runpy.run_path(path, run_name="__sparkcep_query__")
+    except OSError as e:
+        sys.exit(f"sparkcep deploy: cannot read {path}: {e}")
+    query = names.get("query")
+    if not isinstance(query, cep.Query):
+        sys.exit(f"sparkcep deploy: {path} must define `query`, a sparkcep.Query (found {type(query).__name__})")
+    return query
+
+
+def run(args) -> int:
+    from sparkcep.control.connect import ConnectedEngine
+    from sparkcep.control.orchestrator import zk_address
+    query = load_query(args.file)
+    try:
+        with ConnectedEngine(zk_address(args.zk), auth.read(args.token_file)) as engine:
+            result = engine.deploy(query, parallelism=args.parallelism, bins=args.bins, replicas=args.replicas)
+    except SparkcepError as e:
+        print(f"sparkcep deploy: {e} [{e.code}]", file=sys.stderr)
+        return 1
+    print(f"deployed {query.name} as {result['deployment']}")
+    print(result["explain"])
+    return 0
