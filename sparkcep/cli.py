@@ -17,6 +17,7 @@ COMMANDS = {
     "zookeeper": ("sparkcep.control.zookeeper", "run a development ZooKeeper server on loopback for the registry"),
     "orchestrator": ("sparkcep.control.orchestrator", "run an orchestrator of a cluster (state in ZooKeeper)"),
     "deploy": ("sparkcep.control.deploy", "deploy a query (a Python file defining `query`) on a cluster"),
+    "token": ("sparkcep.control.token", "write a new cluster token to a file (mode 0600)"),
     "engine-host": ("sparkcep.control.host", "serve a cluster's engine (started by the leading orchestrator)"),
     "warm-up": ("sparkcep.runtime.warmup", "compile the engine's kernels into numba's cache (the install does it)"),
     "bench": ("sparkcep.bench.cli", "run a HiBench or NEXMark workload, optionally beside Spark"),
