@@ -1,7 +1,7 @@
 """The launcher the JVM plugin runs with each Spark executor: its instance managers, for the engine that is up.
 
 ``python -m sparkcep.spark.executor --executor-id ID [--instance-managers N] [--engine HOST:PORT]
-[--token-file PATH] [--listen loopback|host|HOST[:PORT]]``
+[--zk zk://HOST:PORT/PATH] [--token-file PATH] [--listen loopback|host|HOST[:PORT]]``
 
 What it does, each step logged on its stderr (the executor's stderr):
 
@@ -26,6 +26,13 @@ What it does, each step logged on its stderr (the executor's stderr):
    standard input closes (the plugin's shutdown, or the executor JVM dying)
    or on SIGTERM. Workers get SIGTERM if the launcher dies (``PR_SET_PDEATHSIG``).
 
+With ``--zk`` (``spark.sparkcep.zk``) there is no engine to wait for: its
+workers join that cluster's registry themselves (``sparkcep worker --zk``,
+holding the cluster's token, ``--token-file``, required) and the cluster's
+engine host adopts them; steps 1, 3 and the engine watch of 4 are skipped,
+a worker that exits is started again (under a new name: the engine host
+adopts a name once) after the same pause, and 5 holds.
+
 A bad option is logged and the launcher exits at once (``LISTEN``,
 ``OPTION``). Failures to find, reach or register with an engine are logged
 (once per distinct reason while waiting) and retried. Neither touches the
@@ -49,10 +56,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import sparkcep
 from sparkcep import auth
 from sparkcep.control.client import EngineClient, resolve
 from sparkcep.errors import EngineError, SparkcepError
-from sparkcep.runtime.cluster import REPLY_TIMEOUT_S, Starting, start_worker, wait_ready
+from sparkcep.runtime.cluster import REPLY_TIMEOUT_S, Starting, _die_with_parent, start_worker, wait_ready
 
 log = logging.getLogger("sparkcep.spark.executor")
 
@@ -62,11 +70,16 @@ MAX_PAUSE_S = 60.0  # longest pause between attempts that keep failing
 
 @dataclass
 class Target:
-    """An engine to serve: its endpoint address, run id and token."""
+    """An engine to serve: its endpoint address, run id and token; or a cluster to join (``zk://...``, no run)."""
 
     address: str
     run: str
     token: str
+
+    def __str__(self) -> str:
+        if self.address.startswith("zk://"):
+            return f"the cluster at {self.address}"
+        return f"the engine at {self.address} (run {self.run})"
 
 
 @dataclass
@@ -86,6 +99,19 @@ def find_engine(engine: str | None, token_file: str | None, token: str | None = 
     with EngineClient(address, timeout=10, token=token, token_file=token_file) as client:
         run = client.hello()["engine"]
         return Target(address, run, client.token)
+
+
+def start_member(name: str, cpu: int, listen: str, token_file: str, zk: str) -> subprocess.Popen:
+    """Start ``sparkcep worker --zk ZK``, a member of a cluster's registry, as
+    :func:`~sparkcep.runtime.cluster.start_worker` starts a worker (same imports, READY line on a pipe,
+    SIGTERM when this process dies) but without ``--once``: it serves whichever engine host adopts it."""
+    root = os.path.dirname(os.path.dirname(sparkcep.__file__))
+    paths = [root] + [p for p in sys.path if p and os.path.isdir(p)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
+    cmd_line = [sys.executable, "-m", "sparkcep", "worker", "--listen", listen, "--cpus", str(cpu),
+                "--name", name, "--token-file", token_file, "--zk", zk]
+    return subprocess.Popen(cmd_line, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env,
+                            preexec_fn=_die_with_parent)
 
 
 def listen_address(listen: str | None, index: int) -> str:
@@ -127,11 +153,11 @@ def on_this_host(host: str) -> bool:
 
 
 class Launcher:
-    """The instance managers of one executor, serving one engine at a time."""
+    """The instance managers of one executor, serving one engine at a time, or members of the cluster ``zk``."""
 
     def __init__(self, executor: str, count: int | None, engine: str | None, token_file: str | None,
-                 listen: str | None):
-        self.executor, self.engine, self.token_file, self.listen = executor, engine, token_file, listen
+                 listen: str | None, zk: str | None = None):
+        self.executor, self.engine, self.token_file, self.listen, self.zk = executor, engine, token_file, listen, zk
         self.cpus = sorted(os.sched_getaffinity(0))
         self.count = count or len(self.cpus)
         self.first_cpu = int(executor) * self.count if executor.isdigit() else 0
@@ -140,6 +166,7 @@ class Launcher:
         self.token_path = Path(self.dir) / "token"
         self.target: Target | None = None
         self.workers: list[Worker] = []
+        self.started = 0  # workers started so far: one started again gets a name of its own
         self.pause, self.next_try = POLL_S, 0.0
         self._said = ""
 
@@ -166,16 +193,8 @@ class Launcher:
     def _serve_next(self) -> None:
         if time.monotonic() < self.next_try:
             return
-        try:
-            target = find_engine(self.engine, self.token_file)
-        except SparkcepError as e:
-            self._say(f"waiting for an engine: {e} [{e.code}]")
-            return
-        host = target.address.rpartition(":")[0]
-        if is_loopback(listen_address(self.listen, 0).rpartition(":")[0]) and not on_this_host(host):
-            self._say(f"the engine at {target.address} is on another host, but this executor's instance managers "
-                      "would listen on loopback, which it cannot reach: set spark.sparkcep.listen=host (or an "
-                      "address of this host the engine can reach) [LISTEN]", logging.ERROR)
+        target = self._find()
+        if target is None:
             return
         auth.write(self.token_path, target.token)
         try:
@@ -185,31 +204,55 @@ class Launcher:
             self._register(target, self.workers)
         except SparkcepError as e:
             self._stop_workers()
-            self._failed(f"cannot serve the engine at {target.address}: {e} [{e.code}]")
+            self._failed(f"cannot serve {target}: {e} [{e.code}]")
             return
         self.target, self.pause, self._said = target, POLL_S, ""
-        log.info("serving the engine at %s (run %s) with %d instance manager(s): %s", target.address, target.run,
-                 len(self.workers), ", ".join(f"{w.name} at {w.address} on cpu {w.cpu}" for w in self.workers))
+        log.info("serving %s with %d instance manager(s)%s: %s", target, len(self.workers),
+                 " (members of its registry)" if self.zk else "",
+                 ", ".join(f"{w.name} at {w.address} on cpu {w.cpu}" for w in self.workers))
+
+    def _find(self) -> Target | None:
+        """The engine to serve, or the cluster to join; None (and why, logged) while there is none."""
+        try:
+            if self.zk:  # nothing to wait for: the workers join the registry themselves
+                return Target(self.zk, "", auth.read(self.token_file))
+            target = find_engine(self.engine, self.token_file)
+        except SparkcepError as e:
+            self._say(f"waiting for {'the cluster token' if self.zk else 'an engine'}: {e} [{e.code}]")
+            return None
+        host = target.address.rpartition(":")[0]
+        if is_loopback(listen_address(self.listen, 0).rpartition(":")[0]) and not on_this_host(host):
+            self._say(f"the engine at {target.address} is on another host, but this executor's instance managers "
+                      "would listen on loopback, which it cannot reach: set spark.sparkcep.listen=host (or an "
+                      "address of this host the engine can reach) [LISTEN]", logging.ERROR)
+            return None
+        return target
 
     def _watch(self) -> None:
-        target = self.target
-        try:
-            run = find_engine(target.address, None, target.token).run
-        except SparkcepError:
-            run = None
-        if run != target.run:
-            how = "is gone" if run is None else f"now answers as run {run}"
-            log.info("the engine at %s (run %s) %s: stopping its instance managers", target.address, target.run, how)
-            self._stop_workers()
-            self.target = None
+        if not self.zk and not self._engine_stays():
             return
         for k, w in enumerate(self.workers):
             if w.process.poll() is not None and time.monotonic() >= self.next_try:
                 self._restart(k, w)
 
+    def _engine_stays(self) -> bool:
+        """Whether the engine served still answers as the same run; its workers stop when not."""
+        target = self.target
+        try:
+            run = find_engine(target.address, None, target.token).run
+        except SparkcepError:
+            run = None
+        if run == target.run:
+            return True
+        how = "is gone" if run is None else f"now answers as run {run}"
+        log.info("%s %s: stopping its instance managers", target, how)
+        self._stop_workers()
+        self.target = None
+        return False
+
     def _restart(self, k: int, old: Worker) -> None:
-        log.warning("instance manager %s (pid %d) exited with code %s while the engine at %s runs; starting it "
-                    "again", old.name, old.process.pid, old.process.returncode, self.target.address)
+        log.warning("instance manager %s (pid %d) exited with code %s while serving %s; starting it again",
+                    old.name, old.process.pid, old.process.returncode, self.target)
         _stop([old])
         self.workers[k] = w = self._start(k)
         try:
@@ -221,6 +264,8 @@ class Launcher:
             self._failed(f"instance manager {old.name}: {e} [{e.code}]")
 
     def _register(self, target: Target, workers: list[Worker]) -> None:
+        if self.zk:
+            return  # members: each joined the registry before its READY line, the engine host adopts it
         with EngineClient(target.address, timeout=REPLY_TIMEOUT_S, token=target.token) as client:
             for w in workers:
                 client.register_im(w.address)
@@ -230,7 +275,12 @@ class Launcher:
         cpu = self.cpus[(self.first_cpu + i) % len(self.cpus)]
         tag = "driver" if self.executor == "driver" else f"exec{self.executor}"
         name = f"{tag}-{i}.{os.getpid()}"  # the launcher's pid: unique among executors sharing an engine
+        self.started += 1
+        if self.started > self.count:
+            name += f".{self.started - self.count}"  # started again: a new name (an engine host adopts one once)
         listen = listen_address(self.listen, i)
+        if self.zk:
+            return Worker(name, cpu, listen, start_member(name, cpu, listen, str(self.token_path), self.zk))
         return Worker(name, cpu, listen, start_worker(name, cpu, listen, str(self.token_path)))
 
     def _wait_ready(self, workers: list[Worker]) -> None:
@@ -278,7 +328,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--instance-managers", type=int, default=None,
                     help="how many (default: one per CPU this process may run on)")
     ap.add_argument("--engine", default=None, help="host:port of the engine's endpoint (default: the local engine)")
-    ap.add_argument("--token-file", default=None, help="the engine's token (default: its file on this machine)")
+    ap.add_argument("--zk", default=None, metavar="zk://HOST:PORT/PATH",
+                    help="join this cluster's registry instead of serving an engine (needs --token-file)")
+    ap.add_argument("--token-file", default=None,
+                    help="the engine's token (default: its file on this machine); with --zk the cluster's")
     ap.add_argument("--listen", default=None,
                     help="loopback (default), host (this host's address) or HOST[:PORT] (worker i on PORT+i)")
     args = ap.parse_args(argv)
@@ -289,10 +342,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.instance_managers is not None and args.instance_managers < 1:
             raise EngineError(f"--instance-managers {args.instance_managers}: expected at least 1", "OPTION")
         listen_address(args.listen, 0)
+        if args.zk and args.engine:
+            raise EngineError(f"--zk {args.zk} and --engine {args.engine}: serve an engine or join a cluster, "
+                              "not both", "OPTION")
+        if args.zk and not args.token_file:
+            raise EngineError(f"--zk {args.zk}: the cluster's token file is required (--token-file, "
+                              "spark.sparkcep.tokenFile), readable on this host", "OPTION")
     except EngineError as e:
         log.error("%s [%s]; this executor runs no instance managers", e, e.code)
         return 2
-    launcher = Launcher(args.executor_id, args.instance_managers, args.engine, args.token_file, args.listen)
+    zk = args.zk if not args.zk or args.zk.startswith("zk://") else f"zk://{args.zk}"
+    launcher = Launcher(args.executor_id, args.instance_managers, args.engine, args.token_file, args.listen, zk)
     signal.signal(signal.SIGTERM, lambda *_: launcher.stopping.set())
     threading.Thread(target=_watch_stdin, args=(launcher.stopping,), daemon=True, name="stdin").start()
     launcher.run()

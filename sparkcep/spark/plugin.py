@@ -58,7 +58,8 @@ def shim_jar(rebuild: bool = False) -> Path:
 
 
 def configure(builder, instance_managers: int | None = None, engine: str | None = None,
-              token_file: str | None = None, listen: str | None = None, python: str | None = None):
+              token_file: str | None = None, listen: str | None = None, python: str | None = None,
+              zk: str | None = None):
     """Add the sparkcep plugin to a ``SparkSession.Builder`` (before ``getOrCreate``); returns the builder.
 
     Always sets ``spark.jars`` (adds the plugin's jar, built if needed) and
@@ -69,9 +70,12 @@ def configure(builder, instance_managers: int | None = None, engine: str | None 
       executor (default: the executor's cores);
     * ``engine`` -> ``spark.sparkcep.engine``: ``host:port`` of the engine's
       endpoint (default: the local engine, whenever one runs);
+    * ``zk`` -> ``spark.sparkcep.zk``: instead of an engine, a cluster's
+      registry (``zk://HOST:PORT/PATH``): the instance managers join it as
+      members, and its engine host deploys to them;
     * ``token_file`` -> ``spark.sparkcep.tokenFile``: that engine's token, a
       path on the executors' hosts (default: the file an engine of the same
-      host writes);
+      host writes); with ``zk`` the cluster's token, required;
     * ``listen`` -> ``spark.sparkcep.listen``: where the instance managers
       listen: ``loopback`` (default), ``host`` (the executor host's address)
       or ``HOST[:PORT]``; beyond loopback only for an engine on another host;
@@ -85,7 +89,7 @@ def configure(builder, instance_managers: int | None = None, engine: str | None 
     builder = builder.config("spark.jars", ",".join(jars + [str(shim_jar())])) \
         .config("spark.plugins", ",".join(plugins + [PLUGIN_CLASS] if PLUGIN_CLASS not in plugins else plugins))
     settings = {"instanceManagers": None if instance_managers is None else str(int(instance_managers)),
-                "engine": engine, "tokenFile": token_file, "listen": listen, "python": python}
+                "engine": engine, "zk": zk, "tokenFile": token_file, "listen": listen, "python": python}
     for key, value in settings.items():
         if value is not None:
             builder = builder.config(f"spark.sparkcep.{key}", value)

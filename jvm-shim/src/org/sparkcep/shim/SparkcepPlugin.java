@@ -38,6 +38,8 @@ import org.slf4j.LoggerFactory;
  * {@code PYSPARK_PYTHON} or {@code python3}, as for Spark's Python workers),
  * {@code spark.sparkcep.instanceManagers} (default: the executor's cores),
  * {@code spark.sparkcep.engine} and {@code spark.sparkcep.tokenFile} (default: the local engine),
+ * or {@code spark.sparkcep.zk} (a cluster's registry, {@code zk://HOST:PORT/PATH}: the instance
+ * managers join it, with the cluster's token from {@code spark.sparkcep.tokenFile}),
  * {@code spark.sparkcep.listen}: passed to the launcher (see {@code sparkcep/spark/executor.py}).
  * In local mode the driver hosts the executor: executor id "driver".
  */
@@ -114,6 +116,7 @@ public class SparkcepPlugin implements SparkPlugin {
       String count = conf.get("spark.sparkcep.instanceManagers", executorCores(conf));
       add(cmd, "--instance-managers", count);
       add(cmd, "--engine", conf.get("spark.sparkcep.engine", ""));
+      add(cmd, "--zk", conf.get("spark.sparkcep.zk", ""));
       add(cmd, "--token-file", conf.get("spark.sparkcep.tokenFile", ""));
       add(cmd, "--listen", conf.get("spark.sparkcep.listen", ""));
       return cmd;
