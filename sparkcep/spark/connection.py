@@ -1,13 +1,18 @@
 """Engine clients inside Spark's Python processes, one per engine endpoint and process.
 
-Readers, writers and their tasks carry a :class:`Target` (picklable: an
-address and where the token is, never the token itself) and call the engine
-through :func:`call`. Spark reuses its Python workers between tasks, so a
-client (one TCP connection) made by one task serves the next ones of the
-same process. A request that finds the connection broken (the worker sat
-idle, the engine restarted) is retried once on a new connection: every
-request the data source makes is idempotent (a stage chunk sent again
+Readers, writers and their tasks carry a :class:`Target` (picklable: the
+``engine`` option and where the token is, never the token itself) and call
+the engine through :func:`call`. Spark reuses its Python workers between
+tasks, so a client (one TCP connection) made by one task serves the next
+ones of the same process. A request that finds the connection broken (the
+worker sat idle, the engine restarted) is retried once on a new connection:
+every request the data source makes is idempotent (a stage chunk sent again
 replaces itself, a batch committed again is a duplicate).
+
+A cluster's engine (``engine=zk://HOST:PORT/PATH``) is its engine host, at
+the address its registry holds at ``/engine``: each process looks it up once
+(a registry session opened for the look-up only) and again when the address
+it had stops answering.
 """
 
 from __future__ import annotations
@@ -15,21 +20,59 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from sparkcep.control.client import EngineClient
+from sparkcep.control.client import EngineClient, resolve
 from sparkcep.control.discovery import EngineNotFoundError
 from sparkcep.errors import SparkcepError
-from sparkcep.spark.options import spark_error
+from sparkcep.spark.options import SparkSourceError, spark_error
+
+ZK = "zk://"
+REGISTRY_TIMEOUT_S = 10.0  # to reach a cluster's registry for the look-up
 
 
 @dataclass(frozen=True)
 class Target:
-    """An engine endpoint (``host:port``) and the token file to use (None: found as the client finds it)."""
+    """An engine endpoint (``host:port``) or a cluster's registry (``zk://...``), and the token file to
+    use (None: found as the client finds it; required for a cluster)."""
 
     address: str
     token_file: str | None = None
 
 
+def target_of(engine: str | None, token_file: str | None) -> Target:
+    """The Target of the ``engine`` and ``tokenFile`` options, checked but not contacted.
+
+    SparkSourceError ``TOKEN_NOT_FOUND`` for a cluster without ``tokenFile``;
+    ``ENGINE_OPTION`` for an engine option of no known form.
+    """
+    engine = (engine or "").strip()
+    if engine.startswith(ZK):
+        if not token_file:
+            raise SparkSourceError(f"engine {engine}: option tokenFile is required with a cluster: the file holding "
+                                   "the cluster's token, readable on the driver and the executors' hosts",
+                                   "TOKEN_NOT_FOUND")
+        return Target(engine, token_file)
+    return Target(resolve(engine or None), token_file)
+
+
+def engine_host(zk: str) -> str:
+    """``host:port`` of the engine host of the cluster whose registry is at ``zk``; EngineNotFoundError
+    ``ENGINE_NOT_FOUND`` when it has none, RegistryError when the registry cannot be read."""
+    from sparkcep.control import tree
+    from sparkcep.control.registry import open_registry
+
+    registry = open_registry(zk, timeout=REGISTRY_TIMEOUT_S)
+    try:
+        doc = registry.get(tree.ENGINE)
+    finally:
+        registry.close()
+    if not doc:
+        raise EngineNotFoundError(f"the cluster at {zk} has no engine host (its registry holds no {tree.ENGINE}: "
+                                  "is an orchestrator running?)", "ENGINE_NOT_FOUND")
+    return doc["address"]
+
+
 _clients: dict[Target, EngineClient] = {}
+_engine_hosts: dict[str, str] = {}  # zk:// address -> host:port of its engine host, as last looked up
 _lock = threading.Lock()
 
 
@@ -38,12 +81,25 @@ def client(target: Target) -> EngineClient:
     with _lock:
         c = _clients.get(target)
         if c is None:
-            c = _clients[target] = EngineClient(target.address, token_file=target.token_file)
+            address = target.address
+            if address.startswith(ZK):
+                address = _engine_hosts.get(address) or _engine_hosts.setdefault(address, engine_host(address))
+            c = _clients[target] = EngineClient(address, token_file=target.token_file)
         return c
 
 
+def _forget(target: Target) -> None:
+    """Drop this process's client of ``target`` (and where its cluster's engine host was)."""
+    with _lock:
+        c = _clients.pop(target, None)
+        _engine_hosts.pop(target.address, None)
+    if c is not None:
+        c.close()
+
+
 def call(target: Target, fn):
-    """``fn(client)``, retried once on a fresh connection if the engine was unreachable.
+    """``fn(client)``, retried once on a fresh connection (to a cluster's engine host looked up again) if the
+    engine was unreachable.
 
     Errors cross into Spark as SparkSourceError, ``[UPMCEP_<CODE>]`` first in the message.
     """
@@ -51,7 +107,7 @@ def call(target: Target, fn):
         try:
             return fn(client(target))
         except EngineNotFoundError:
-            client(target).close()
+            _forget(target)
             return fn(client(target))
     except SparkcepError as e:
         raise spark_error(e) from None

@@ -2,10 +2,11 @@
 
 =====================  ==================================================================
 ``engine``             unset or ``local``: the local engine (its published endpoint);
-                       ``host:port``: that endpoint; ``zk://host:port/path``: reserved for
-                       engines registered in ZooKeeper
+                       ``host:port``: that endpoint; ``zk://host:port/path``: the engine
+                       host of that cluster (its registry's ``/engine``)
 ``tokenFile``          the file holding the engine's token; default: the file an engine of
-                       this machine writes under ``$SPARKCEP_HOME``, else ``$SPARKCEP_TOKEN_FILE``
+                       this machine writes under ``$SPARKCEP_HOME``, else ``$SPARKCEP_TOKEN_FILE``;
+                       required with ``zk://`` (the cluster's token)
 ``stream``             the engine stream: an output (read) or an input (write); ``load(name)``
                        and ``save(name)`` work too. ``$metrics`` reads the metric samples
 ``form``               ``$metrics`` only: ``long`` (default: ``time, name, value``, a row per

@@ -27,9 +27,8 @@ from __future__ import annotations
 
 from pyspark.sql.datasource import DataSource
 
-from sparkcep.control.client import resolve
 from sparkcep.errors import SparkcepError
-from sparkcep.spark.connection import Target, call
+from sparkcep.spark.connection import call, target_of
 from sparkcep.spark.options import SourceOptions, SparkSourceError, spark_error
 from sparkcep.spark.types import check_writable, spark_schema
 
@@ -45,7 +44,7 @@ class UpmcepDataSource(DataSource):
         super().__init__(options)
         try:
             self.opts = SourceOptions.parse(options)
-            self.target = Target(resolve(self.opts.engine), self.opts.token_file)
+            self.target = target_of(self.opts.engine, self.opts.token_file)
         except SparkcepError as e:
             raise spark_error(e) from None
         self._info: dict | None = None

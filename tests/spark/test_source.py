@@ -63,8 +63,9 @@ def test_unreachable_engine_fails_at_load(spark, engine):
     dead = f"{host}:{int(port) + 1 if int(port) < 65535 else 1024}"
     with pytest.raises(AnalysisException, match=r"\[UPMCEP_ENGINE_NOT_FOUND\]"):
         _load(spark, engine=dead, stream="all")
-    with pytest.raises(AnalysisException, match=r"\[UPMCEP_ENGINE_ZK_UNSUPPORTED\]"):
-        _load(spark, engine="zk://127.0.0.1:2181/sparkcep", stream="all")
+    with pytest.raises(AnalysisException, match=r"\[UPMCEP_TOKEN_NOT_FOUND\] engine zk://127.0.0.1:2181/sparkcep: "
+                                                r"option tokenFile is required"):
+        _load(spark, engine="zk://127.0.0.1:2181/sparkcep", stream="all")  # a cluster's: its token, explicitly
 
 
 def test_option_errors(spark, engine):
