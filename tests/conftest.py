@@ -28,6 +28,21 @@ settings.register_profile("thorough", max_examples=400, deadline=None,
 settings.load_profile(os.environ.get("SPARKCEP_HYPOTHESIS", "core"))
 
 
+@pytest.fixture(scope="session")
+def zookeeper():
+    """``host:port`` of a ZooKeeper server on loopback, started once for the run by ``sparkcep zookeeper``'s
+    code (about 1 s), stopped at the end with its data. Tests take a root of their own under it."""
+    import time
+
+    from sparkcep.control.zookeeper import ZooKeeperServer
+    server = ZooKeeperServer()
+    started = time.monotonic()
+    address = server.start(timeout=60)
+    print(f"\nZooKeeper on {address}, answering {time.monotonic() - started:.2f} s after launch")
+    yield address
+    server.stop()
+
+
 @pytest.fixture
 def engine():
     """A fresh in-process engine, closed after the test."""

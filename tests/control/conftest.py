@@ -1,27 +1,14 @@
-"""Fixtures of the control-plane tests: a real ZooKeeper server for the whole run, registry sessions."""
+"""Fixtures of the control-plane tests: registry sessions (the ZooKeeper server of the run, ``zookeeper``,
+is in ``tests/conftest.py``: the Spark tests use it too)."""
 
 from __future__ import annotations
 
-import time
 import uuid
 
 import pytest
 from zk_harness import SESSION_TIMEOUT
 
 from sparkcep.control.registry import EmbeddedRegistry, Store, ZkRegistry
-from sparkcep.control.zookeeper import ZooKeeperServer
-
-
-@pytest.fixture(scope="session")
-def zookeeper():
-    """``host:port`` of a ZooKeeper server on loopback, started once for the run by ``sparkcep zookeeper``'s
-    code (about 1 s), stopped at the end with its data."""
-    server = ZooKeeperServer()
-    started = time.monotonic()
-    address = server.start(timeout=60)
-    print(f"\nZooKeeper on {address}, answering {time.monotonic() - started:.2f} s after launch")
-    yield address
-    server.stop()
 
 
 @pytest.fixture(params=["zookeeper", "embedded"])
