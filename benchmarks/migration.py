@@ -13,19 +13,24 @@ keys it held, so each epoch's latency (arrival at the engine -> its results
 in the output logs, ``dep.sink.epoch_log``) shows at once any stall a
 migration causes; a window count would only show it at window closes.
 
-For each key count and bin count: deploy and load every key once (timed:
-that is also the peer's replay), measure the throughput as fast as possible
-(a median of ``--tput-rounds`` rounds of ``--tput-s`` seconds, batches of
-``--tput-rows``), then a sender thread sends ``--rows`` random keys
-``--rate`` times a second for the rest of the run. For each strategy: a
-steady window of ``--steady`` seconds (its p99 is the "before"), then half
-of the bins move — a quarter of all bins from instance 0 to 1 and a quarter
-from 1 to 0, so the load stays even and the next strategy starts from the
-same shape (Megaphone moves half) — and the migration's report gives its
-duration, max and p99 latency (over ``latency_epochs`` epochs), bytes and
-steps. With ``--repeat N`` each migration runs N times; the table shows the
-medians. Last, the peer: what a user pays without live migration, stopping
-the query and restarting it with its state (undeploy, deploy a fresh one,
+First the cost of bins: for each ``--tput-keys`` key count, one loaded
+deployment per bin count side by side, each sent random keys as fast as
+possible (``--tput-rows`` a send) for rounds of ``--tput-s`` seconds taken in
+turn, the median of ``--tput-rounds`` rounds per bin count.
+
+Then, for each key count and bin count: deploy and load every key once,
+then a sender thread sends ``--rows`` random keys ``--rate`` times a second
+for the rest of the run. For each strategy: a steady window of ``--steady``
+seconds (its p99 is the "before"), then half of the bins move (Megaphone
+moves half): ``--moves one-way`` (the default) moves every bin of one
+instance to the other, the next migration moves them back; ``--moves swap``
+moves half of each instance's bins to the other one, both directions in
+the same steps. The migration's report gives its duration, max and p99
+latency (over ``latency_epochs`` epochs), bytes and steps. With ``--repeat
+N`` each migration runs N times; the table shows the medians. A migration
+that fails is shown with its error and the run goes on on a fresh engine.
+Last, the peer: what a user pays without live migration, stopping the
+query and restarting it with its state (undeploy, deploy a fresh one,
 replay the input that built the state), beside our migration duration.
 
 Megaphone's own figures come from a Rust timely-dataflow system and cannot
@@ -53,14 +58,14 @@ except ModuleNotFoundError:  # run from a source checkout without installing
 
 STRATEGIES = ("all-at-once", "batched", "fluid")
 LOAD_ROWS = 200_000  # rows per send while loading the state
-QUICK = dict(keys="1e5", bins="16,256", steady=1.5, tput_s=0.5, tput_rounds=3)
+QUICK = dict(keys="1e5", bins="16,256", steady=1.5, tput_keys="1e5", tput_s=0.5, tput_rounds=3)
 
 
-def key_count_query() -> cep.Query:
-    """Megaphone's key count: the running count of each key ``k``, updated after every send."""
-    q = cep.Query("keycount")
-    s = q.stream("ev", "k int64, ts timestamp")
-    q.output("counts", s.aggregate(cep.Running(), by="k", n=cep.count(), name="agg"))
+def key_count_query(stream: str = "ev") -> cep.Query:
+    """Megaphone's key count over ``stream``: the running count of each key ``k``, updated after every send."""
+    q = cep.Query(f"keycount_{stream}")
+    s = q.stream(stream, "k int64, ts timestamp")
+    q.output(f"counts_{stream}", s.aggregate(cep.Running(), by="k", n=cep.count(), name="agg"))
     return q
 
 
@@ -69,28 +74,41 @@ def batch(keys: np.ndarray) -> dict:
     return {"k": keys, "ts": np.full(len(keys), time.time_ns() // 1000, "datetime64[us]")}
 
 
-def deploy_loaded(engine, keys: int, bins: int):
+def deploy_loaded(engine, keys: int, bins: int, stream: str = "ev"):
     """Deploy the key count with ``bins`` bins and send every key once; returns (deployment, seconds)."""
     t0 = time.perf_counter()
-    dep = engine.deploy(key_count_query(), parallelism=2, bins=bins, retain=False)
+    dep = engine.deploy(key_count_query(stream), parallelism=2, bins=bins, retain=False)
     for start in range(0, keys, LOAD_ROWS):
-        engine.send("ev", batch(np.arange(start, min(keys, start + LOAD_ROWS), dtype=np.int64)))
+        engine.send(stream, batch(np.arange(start, min(keys, start + LOAD_ROWS), dtype=np.int64)))
     dep.wait()
     return dep, time.perf_counter() - t0
 
 
-def throughput(engine, dep, keys: int, rows: int, seconds: float, rounds: int) -> float:
-    """Rows/s as fast as possible: batches of ``rows`` random keys for ``seconds``, until their
-    results are out; the median of ``rounds`` rounds."""
+def throughput_round(engine, dep, stream: str, keys: int, rows: int, seconds: float, rng) -> float:
+    """Rows/s as fast as possible: batches of ``rows`` random keys for ``seconds``, until their results
+    are out."""
+    sent, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        sent += engine.send(stream, batch(rng.integers(0, keys, rows)))
+    dep.wait()
+    return sent / (time.perf_counter() - t0)
+
+
+def throughput_by_bins(engine, keys: int, bins: list[int], a) -> dict[int, float]:
+    """The key count's throughput with each bin count: one deployment per bin count side by side, rounds
+    taken in turn (16, 64, ..., 16, 64, ...) so a machine's load drifting over the run weighs on each alike;
+    the median of ``a.tput_rounds`` rounds per bin count."""
+    deps = {b: deploy_loaded(engine, keys, b, f"ev{b}")[0] for b in bins}
     rng = np.random.default_rng(1)
-    rates = []
-    for _ in range(rounds):
-        sent, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            sent += engine.send("ev", batch(rng.integers(0, keys, rows)))
-        dep.wait()
-        rates.append(sent / (time.perf_counter() - t0))
-    return statistics.median(rates)
+    for b, dep in deps.items():  # untimed warm-up
+        throughput_round(engine, dep, f"ev{b}", keys, a.tput_rows, a.tput_s / 4, rng)
+    rates: dict[int, list[float]] = {b: [] for b in bins}
+    for _ in range(a.tput_rounds):
+        for b, dep in deps.items():
+            rates[b].append(throughput_round(engine, dep, f"ev{b}", keys, a.tput_rows, a.tput_s, rng))
+    for b in bins:
+        engine.undeploy(f"keycount_ev{b}")
+    return {b: statistics.median(r) for b, r in rates.items()}
 
 
 class Sender:
@@ -117,11 +135,11 @@ class Sender:
         except cep.SparkcepError as e:
             self.error = e
 
-    def stop(self) -> None:
+    def stop(self):
+        """Stop sending; returns the error that stopped it earlier, if any."""
         self._stop.set()
         self._thread.join()
-        if self.error is not None:
-            raise self.error
+        return self.error
 
 
 def steady_latency(dep, seconds: float) -> dict:
@@ -137,9 +155,14 @@ def steady_latency(dep, seconds: float) -> dict:
             "max": float(lat.max()), "epochs": int(lat.size)}
 
 
-def half_swap(dep) -> dict[int, int]:
-    """Half of the bins change instance: every other bin of each instance goes to the other one."""
+def half_of_bins(dep, moves: str) -> dict[int, int]:
+    """Half of the bins change instance: ``one-way``, half of all bins from the instance holding the most
+    (instance 0 on a tie: all of its bins) to the other; ``swap``, every other bin of each instance goes to
+    the other one."""
     owners = dep.bin_owners("agg")
+    if moves == "one-way":
+        src = 0 if owners.count(0) >= owners.count(1) else 1
+        return dict.fromkeys([b for b, o in enumerate(owners) if o == src][:len(owners) // 2], 1 - src)
     moving = {}
     for i in (0, 1):
         mine = [b for b, o in enumerate(owners) if o == i]
@@ -147,112 +170,151 @@ def half_swap(dep) -> dict[int, int]:
     return moving
 
 
-def run_config(engine, keys: int, bins: int, a) -> dict:
-    """One (keys, bins) point: load, throughput, each strategy's migrations, the restart peer."""
-    dep, load_s = deploy_loaded(engine, keys, bins)
-    gc.collect()
-    gc.freeze()  # the engine's long-lived objects out of the cyclic collector's scans (as sparkcep.bench does)
-    warm = {b: 1 - o for b, o in enumerate(dep.bin_owners("agg")) if b in (0, bins - 1)}
-    for back in (False, True):  # untimed: each worker loads the kernels a move uses, then it moves back
-        dep.migrate("agg", {b: 1 - i for b, i in warm.items()} if back else warm, strategy="all-at-once")
-    throughput(engine, dep, keys, a.tput_rows, a.tput_s / 2, 1)  # untimed warm-up round
-    tput = throughput(engine, dep, keys, a.tput_rows, a.tput_s, a.tput_rounds)
-    sender = Sender(engine, keys, a.rows, a.rate)
-    out = {"keys": keys, "bins": bins, "load_s": load_s, "throughput": tput, "runs": {}}
-    try:
+class Bench:
+    """The run's engine and options; a fresh engine after a migration failed and took its deployment
+    (and the engine's link to a worker) down."""
+
+    def __init__(self, a):
+        self.a = a
+        self.engine = cep.Engine.local(workers=2)
+
+    def renew(self) -> None:
+        self.engine.close()
+        self.engine = cep.Engine.local(workers=2)
+
+    def start(self, keys: int, bins: int):
+        """Deploy and load the key count, warm it up; returns (deployment, load seconds)."""
+        dep, load_s = deploy_loaded(self.engine, keys, bins)
+        warm = {b: 1 - o for b, o in enumerate(dep.bin_owners("agg")) if b in (0, bins - 1)}
+        for back in (False, True):  # untimed: each worker loads the kernels a move uses, then it moves back
+            dep.migrate("agg", {b: 1 - i for b, i in warm.items()} if back else warm, strategy="all-at-once")
+        throughput_round(self.engine, dep, "ev", keys, 1000, 0.3, np.random.default_rng(3))  # untimed warm-up
+        return dep, load_s
+
+    def config(self, keys: int, bins: int) -> dict:
+        """One (keys, bins) point: load, each strategy's migrations, the restart peer."""
+        a = self.a
+        gc.collect()
+        gc.freeze()  # the engine's long-lived objects out of the cyclic collector's scans (as sparkcep.bench does)
+        dep, load_s = self.start(keys, bins)
+        out = {"keys": keys, "bins": bins, "load_s": load_s, "runs": {}}
+        sender = Sender(self.engine, keys, a.rows, a.rate)
         for strategy in a.strategies:
-            samples = []
+            samples = out["runs"][strategy] = []
             for _ in range(a.repeat):
                 before = steady_latency(dep, a.steady)
-                report = dep.migrate("agg", half_swap(dep), strategy=strategy, batch=a.batch)
+                try:
+                    report = dep.migrate("agg", half_of_bins(dep, a.moves), strategy=strategy, batch=a.batch)
+                except cep.SparkcepError as e:  # reported as measured; the next strategy starts afresh
+                    samples.append({"error": f"[{e.code}] {e}", "before": before})
+                    sender.stop()
+                    self.renew()
+                    dep, _ = self.start(keys, bins)
+                    sender = Sender(self.engine, keys, a.rows, a.rate)
+                    break
                 samples.append({**report, "before": before})
-            out["runs"][strategy] = samples
-        sender.stop()
-    finally:
-        sender._stop.set()
-    dep.wait()
-    t0 = time.perf_counter()
-    engine.undeploy("keycount")  # the peer: stop the query, start it again with its state
-    _, reload_s = deploy_loaded(engine, keys, bins)
-    out["restart_s"] = time.perf_counter() - t0
-    out["replay_s"] = reload_s
-    engine.undeploy("keycount")
-    gc.unfreeze()
-    gc.collect()
-    return out
+        error = sender.stop()
+        if error is not None:
+            raise error
+        dep.wait()
+        t0 = time.perf_counter()
+        self.engine.undeploy("keycount_ev")  # the peer: stop the query, start it again with its state
+        _, out["replay_s"] = deploy_loaded(self.engine, keys, bins)
+        out["restart_s"] = time.perf_counter() - t0
+        self.engine.undeploy("keycount_ev")
+        gc.unfreeze()
+        return out
 
 
-def median_of(samples: list[dict], key: str) -> float:
-    return statistics.median(s[key] for s in samples)
+def median_of(samples: list[dict], key: str) -> float | None:
+    """The median of ``key`` over the migrations that succeeded (None: none did)."""
+    ok = [s[key] for s in samples if "error" not in s]
+    return statistics.median(ok) if ok else None
 
 
 def print_config(r: dict) -> None:
     """The rows of one (keys, bins) point, one per strategy, as they are measured."""
     for strategy, samples in r["runs"].items():
-        n = len(samples)
         before = statistics.median(s["before"]["p99"] for s in samples)
-        before_n = sum(s["before"]["epochs"] for s in samples) // n
+        before_n = statistics.median(s["before"]["epochs"] for s in samples)
         dur = median_of(samples, "duration_s")
-        print(f"{r['keys']:>10,} {r['bins']:>5} {strategy:>11} {dur:>9.3f} {median_of(samples, 'max_latency_ms'):>8.1f} "
-              f"{median_of(samples, 'p99_latency_ms'):>8.1f} {median_of(samples, 'latency_epochs'):>6.0f} "
-              f"{before:>8.1f} {before_n:>5} {median_of(samples, 'bytes') / 2 ** 20:>8.1f} "
-              f"{median_of(samples, 'steps'):>6.0f} {r['restart_s']:>8.2f} {r['restart_s'] / dur:>7.1f}x "
-              f"{r['throughput']:>11,.0f}", flush=True)
+        if dur is None:
+            print(f"{r['keys']:>10,} {r['bins']:>5} {strategy:>11}    FAILED {'':>8} {'':>8} {'':>6} "
+                  f"{before:>8.1f} {before_n:>5.0f} {'':>8} {'':>6} {r['restart_s']:>8.2f}\n"
+                  f"    {samples[-1]['error']}", flush=True)
+            continue
+        m = {k: median_of(samples, k) for k in ("max_latency_ms", "p99_latency_ms")}
+        print(f"{r['keys']:>10,} {r['bins']:>5} {strategy:>11} {dur:>9.3f} {m['max_latency_ms']:>8.1f} "
+              f"{m['p99_latency_ms']:>8.1f} {median_of(samples, 'latency_epochs'):>6.0f} "
+              f"{before:>8.1f} {before_n:>5.0f} {median_of(samples, 'bytes') / 2 ** 20:>8.1f} "
+              f"{median_of(samples, 'steps'):>6.0f} {r['restart_s']:>8.2f} {r['restart_s'] / dur:>7.1f}x", flush=True)
 
 
 HEADER = (f"{'keys':>10} {'bins':>5} {'strategy':>11} {'dur s':>9} {'max ms':>8} {'p99 ms':>8} {'epochs':>6} "
-          f"{'pre p99':>8} {'(n)':>5} {'MiB':>8} {'steps':>6} {'restart':>8} {'ratio':>8} {'rows/s max':>11}")
+          f"{'pre p99':>8} {'(n)':>5} {'MiB':>8} {'steps':>6} {'restart':>8} {'ratio':>8}")
 
 
 def verdict(ok: bool) -> str:
     return "met" if ok else "NOT met"
 
 
-def print_targets(results: list[dict]) -> None:
-    """Each target beside the figures it is judged on, "met" or "NOT met"."""
-    def fig(keys, bins, strategy, key):
-        r = next((r for r in results if r["keys"] == keys and r["bins"] == bins), None)
-        if r is None or strategy not in r["runs"]:
-            return None
-        return median_of(r["runs"][strategy], key)
+def print_throughput(keys: int, rates: dict[int, float], a) -> None:
+    """The throughput table of one key count: rows/s per bin count, and beside the fewest bins."""
+    base = rates[min(rates)]
+    print(f"throughput, {keys:,} keys, as fast as possible ({a.tput_rows:,} random keys a send; median of "
+          f"{a.tput_rounds} rounds of {a.tput_s:g} s per bin count, rounds taken in turn)")
+    for b, r in rates.items():
+        print(f"  {b:>5} bins {r:>12,.0f} rows/s  {r / base:>6.1%} of {min(rates)} bins")
+
+
+def print_targets(results: list[dict], throughputs: dict[int, dict[int, float]]) -> None:
+    """Each target beside the figures it is judged on, "met" or "NOT met" (a failed migration misses it)."""
+    def figures(pairs, strategy, key, unit, fmt):
+        """{label: value} of the migrations that succeeded, and their text (FAILED for the others)."""
+        got, text = {}, []
+        for label, r in pairs:
+            if strategy not in r["runs"]:
+                continue
+            v = median_of(r["runs"][strategy], key)
+            text.append(f"{label} {'FAILED' if v is None else format(v, fmt) + unit}")
+            if v is not None:
+                got[label] = v
+        return got, ", ".join(text), len(text)
 
     keys = sorted({r["keys"] for r in results})
     bins = sorted({r["bins"] for r in results})
     print("\ntargets")
-    if 1_000_000 in keys:
-        for s in ("all-at-once", "batched"):
-            durs = {b: fig(1_000_000, b, s, "duration_s") for b in bins}
-            durs = {b: d for b, d in durs.items() if d is not None}
-            if durs:
-                worst = max(durs, key=durs.get)
-                print(f"  10^6 keys move in under 1 s ({s}): {', '.join(f'{b} bins {d:.3f} s' for b, d in durs.items())}"
-                      f" -> worst {durs[worst]:.3f} s: {verdict(durs[worst] < 1.0)}")
-    else:
-        print("  10^6 keys move in under 1 s: not measured in this run (--keys without 1e6)")
+    at_1e6 = [(f"{r['bins']} bins", r) for r in sorted(results, key=lambda r: r["bins"]) if r["keys"] == 1_000_000]
+    for s in ("all-at-once", "batched"):
+        got, text, n = figures(at_1e6, s, "duration_s", " s", ".3f")
+        if n:
+            print(f"  10^6 keys move in under 1 s ({s}): {text}: "
+                  f"{verdict(len(got) == n and max(got.values()) < 1.0)}")
+    if not at_1e6:
+        print("  10^6 keys move in under 1 s: not measured (no 1e6 in --keys)")
     top = bins[-1]
+    at_top = [(f"{r['keys']:.0e} keys", r) for r in sorted(results, key=lambda r: r["keys"]) if r["bins"] == top]
     for s in ("fluid", "batched", "all-at-once"):
-        lat = {k: fig(k, top, s, "max_latency_ms") for k in keys}
-        lat = {k: v for k, v in lat.items() if v is not None}
-        if not lat:
+        got, text, n = figures(at_top, s, "max_latency_ms", " ms", ".1f")
+        if not n:
             continue
-        text = ", ".join(f"{k:.0e} keys {v:.1f} ms" for k, v in lat.items())
-        growth = lat[max(lat)] / max(lat[min(lat)], 1e-9)
-        if s == "all-at-once":
-            ok = len(lat) > 1 and growth >= 2
-            print(f"  all-at-once max latency grows with state ({top} bins): {text}; x{growth:.1f} "
-                  f"(target: x2 or more): {verdict(ok) if len(lat) > 1 else 'one key count only'}")
+        vals = list(got.values())
+        if len(vals) > 1:
+            growth = f"x{vals[-1] / max(vals[0], 1e-9):.1f} from least to most state"
+            grows, flat = verdict(vals[-1] >= 2 * vals[0]), verdict(len(got) == n and vals[-1] <= 2 * vals[0])
         else:
-            under = max(lat.values()) < 50
-            flat = growth <= 2
-            print(f"  {s} max latency under 50 ms and flat as state grows ({top} bins): {text}; "
-                  f"under 50 ms: {verdict(under)}; x{growth:.1f} from least to most state (flat: x2 or less): "
-                  f"{verdict(flat) if len(lat) > 1 else 'one key count only'}")
-    lo, hi = bins[0], bins[-1]
-    for k in keys:
-        t = {r["bins"]: r["throughput"] for r in results if r["keys"] == k}
-        if lo in t and hi in t and lo != hi:
+            growth, grows = "one key count", "not judged"
+            flat = grows
+        if s == "all-at-once":
+            print(f"  all-at-once max latency grows with state ({top} bins): {text}; {growth} (x2 or more): {grows}")
+        else:
+            print(f"  {s} max latency under 50 ms and flat as state grows ({top} bins): {text}; under 50 ms: "
+                  f"{verdict(len(got) == n and max(vals) < 50)}; {growth} (flat: x2 or less): {flat}")
+    for k, t in throughputs.items():
+        lo, hi = min(t), max(t)
+        if lo != hi:
             cost = 1 - t[hi] / t[lo]
-            print(f"  {hi} bins cost under 10% of the throughput of {lo} ({k:,} keys): {t[lo]:,.0f} vs "
+            print(f"  {hi} bins cost under 10% of the throughput of {lo} bins ({k:,} keys): {t[lo]:,.0f} vs "
                   f"{t[hi]:,.0f} rows/s, cost {cost:.1%}: {verdict(cost < 0.10)}")
 
 
@@ -271,7 +333,8 @@ def plot(results: list[dict], path: str) -> None:
     for ax, k in zip(axes[0], keys):
         for s, c in colors.items():
             pts = [(median_of(r["runs"][s], "duration_s"), median_of(r["runs"][s], "max_latency_ms"), r["bins"])
-                   for r in sorted(results, key=lambda r: r["bins"]) if r["keys"] == k and s in r["runs"]]
+                   for r in sorted(results, key=lambda r: r["bins"]) if r["keys"] == k and s in r["runs"]
+                   and median_of(r["runs"][s], "duration_s") is not None]
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=c, label=s)
                 for x, y, b in pts:
@@ -284,7 +347,7 @@ def plot(results: list[dict], path: str) -> None:
     ax = axes[0][-1]
     for s, c in colors.items():
         pts = [(r["keys"], median_of(r["runs"][s], "max_latency_ms")) for r in sorted(results, key=lambda r: r["keys"])
-               if r["bins"] == top and s in r["runs"]]
+               if r["bins"] == top and s in r["runs"] and median_of(r["runs"][s], "max_latency_ms") is not None]
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=c, label=s)
     ax.axhline(50, color="grey", ls="--", lw=1, label="50 ms target")
@@ -306,8 +369,12 @@ def parse_args(argv=None):
     p.add_argument("--rate", type=float, default=150, help="sends per second during the steady run")
     p.add_argument("--rows", type=int, default=1000, help="random keys per send")
     p.add_argument("--steady", type=float, default=4.0, help="seconds of steady input before each migration")
+    p.add_argument("--moves", choices=("one-way", "swap"), default="one-way",
+                   help="one-way: one instance's bins to the other; swap: half of each instance's bins both ways")
     p.add_argument("--batch", type=int, default=16, help="bins per pair of instances per step, batched")
     p.add_argument("--repeat", type=int, default=1, help="migrations per strategy (medians are shown)")
+    p.add_argument("--tput-keys", default="1e6", help="key counts of the throughput by bin count (one "
+                   "deployment per bin count, side by side)")
     p.add_argument("--tput-rows", type=int, default=20_000, help="rows per send, throughput rounds")
     p.add_argument("--tput-s", type=float, default=1.0, help="seconds per throughput round")
     p.add_argument("--tput-rounds", type=int, default=3)
@@ -319,6 +386,7 @@ def parse_args(argv=None):
             if getattr(a, k) == defaults[k]:
                 setattr(a, k, v)
     a.keys = [int(float(k)) for k in a.keys.split(",")]
+    a.tput_keys = [int(float(k)) for k in a.tput_keys.split(",") if k]
     a.bins = [int(b) for b in a.bins.split(",")]
     a.strategies = [s.strip() for s in a.strategies.split(",")]
     bad = [s for s in a.strategies if s not in STRATEGIES]
@@ -327,30 +395,38 @@ def parse_args(argv=None):
     return a
 
 
+def load_average() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def main(argv=None) -> int:
     a = parse_args(argv)
     t0 = time.perf_counter()
     print(f"key count (Running count by key), Engine.local(workers=2), parallelism 2; {os.cpu_count()} CPUs, "
-          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(f"steady input: {a.rows} random keys x {a.rate:g} sends/s; migration: half of the bins "
-          f"(a quarter each way); batched: {a.batch} bins per step and direction; {a.repeat} run(s) per strategy "
-          f"(medians)")
-    print("latency: per send, arrival -> results out; 'max ms'/'p99 ms' over the 'epochs' sends that arrived "
-          "during the migration; 'pre p99' over the '(n)' sends of the steady window before it")
-    print("restart: the peer without live migration (undeploy, deploy, replay every key); ratio = restart / "
-          "our duration; rows/s max: throughput as fast as possible, median of "
-          f"{a.tput_rounds} rounds of {a.tput_s:g} s, {a.tput_rows:,} rows a send\n")
-    print(HEADER)
-    results = []
-    with cep.Engine.local(workers=2) as engine:
+          f"load average {load_average()}")
+    bench = Bench(a)
+    results, throughputs = [], {}
+    try:
+        for keys in a.tput_keys:
+            throughputs[keys] = throughput_by_bins(bench.engine, keys, a.bins, a)
+            print_throughput(keys, throughputs[keys], a)
+        print(f"\nmigrations: steady input {a.rows} random keys x {a.rate:g} sends/s; half of the bins move "
+              f"({a.moves}); batched: {a.batch} bins per step and direction; {a.repeat} run(s) per strategy, "
+              "medians shown")
+        print("latency: per send, arrival -> results out; 'max ms'/'p99 ms' over the 'epochs' sends that arrived "
+              "during the migration; 'pre p99' over the '(n)' sends of the steady window before it")
+        print("restart: the peer without live migration, stop and restart with the state (undeploy, deploy, "
+              "replay every key), in s; ratio = restart / our duration\n")
+        print(HEADER)
         for keys in a.keys:
             for bins in a.bins:
-                results.append(run_config(engine, keys, bins, a))
+                results.append(bench.config(keys, bins))
                 print_config(results[-1])
-    print_targets(results)
+    finally:
+        bench.engine.close()
+    print_targets(results, throughputs)
     plot(results, a.plot)
-    print(f"\nplot: {a.plot}; {time.perf_counter() - t0:.0f} s in all; load average at the end "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"\nplot: {a.plot}; {time.perf_counter() - t0:.0f} s in all; load average at the end {load_average()}")
     return 0
 
 
