@@ -247,7 +247,7 @@ class Endpoint:
             if stream == METRICS:
                 fields = _fields(METRICS_SCHEMA)
                 if _form(h) == "wide":
-                    fields = {"time": "timestamp", **{name: "float64" for name, _ in _flatten(self.snapshot())}}
+                    fields = {"time": "timestamp", **{name: "float64" for name, _ in _flatten(series(self.snapshot()))}}
                 return {"kind": "metrics", "fields": fields, "time_field": "time", "retained": True}, b""
             if stream in self.engine.outputs:
                 log_ = self.engine.outputs[stream]
@@ -382,7 +382,7 @@ class Endpoint:
             if now - self._last_sample[form] < (self.metrics_interval if interval is None else float(interval)):
                 return
             self._last_sample[form] = now
-            names, values = zip(*_flatten(self.snapshot()))
+            names, values = zip(*_flatten(series(self.snapshot())))
         stamp, log_ = int(now * 1e6), self.metrics_logs[form]
         rows = {"time": [stamp] * len(names), "name": names, "value": values} if form == "long" else \
             {"time": [stamp], "names": [names], "values": [values]}
@@ -437,6 +437,35 @@ def _within(batches: list[pa.RecordBatch], budget: int) -> list[pa.RecordBatch]:
         if rows or not out:
             out.append(b.slice(0, max(rows, 1)))
         break
+    return out
+
+
+REPORT_FIGURES = ("bins", "bytes", "steps", "duration_s", "max_latency_ms", "p99_latency_ms", "latency_epochs",
+                  "finished")  # of a finished migration's report, in $metrics
+
+
+def series(m: dict) -> dict:
+    """A metrics snapshot with its lists turned into what a time series of numbers can show:
+    ``migrations.<query>.<operator>.running.*`` (bins done and planned, steps: the migration under way),
+    ``migrations.<query>.<operator>.last.*`` (the figures of the last one finished, ``finished`` its Unix
+    time) and ``balancer.decisions`` / ``balancer.deciding`` (decisions kept, one under way: 0 or 1)."""
+    out = dict(m)
+    migrations = {}
+    for q, mig in (m.get("migrations") or {}).items():
+        ops: dict = {}
+        for r in mig.get("finished", []):  # oldest first: the last one of each operator stays
+            ops.setdefault(r["operator"], {})["last"] = {k: r[k] for k in REPORT_FIGURES if k in r}
+        for r in mig.get("running", []):
+            ops.setdefault(r["operator"], {})["running"] = {k: r[k] for k in ("bins", "planned_bins", "steps")
+                                                            if r.get(k) is not None}
+        if ops:
+            migrations[q] = ops
+    out["migrations"] = migrations
+    balancer = m.get("balancer")
+    if balancer:
+        decisions = balancer.get("decisions", [])
+        out["balancer"] = {"busy": balancer.get("busy", {}), "decisions": len(decisions),
+                           "deciding": sum(1 for d in decisions if d.get("state") == "running")}
     return out
 
 

@@ -1,9 +1,14 @@
-"""``sparkcep status``: what a running engine is doing — queries, sub-queries, instance managers, late tuples.
+"""``sparkcep status``: what a running engine is doing — queries, sub-queries, instance managers, late
+tuples, migrations and the balancer.
 
 Reads the engine's metrics through its loopback endpoint (the local engine
 by default, or ``--engine host:port``) and prints, per query, its input rate,
 throughput and latency, each sub-query's instances and where they run, and
-per instance manager its core, CPU, memory and bytes in/out.
+per instance manager its core, CPU, memory and bytes in/out; then the
+migrations under way (bins done of planned) and the last ones finished
+(bins, bytes, steps, duration, latency of the input meanwhile), and the
+balancer's view: how busy each instance manager is and its last decisions,
+each with its reason and outcome.
 
     sparkcep status                 # the local engine, once
     sparkcep status --watch 1       # every second until Ctrl-C
@@ -67,6 +72,55 @@ def _lat(d: dict) -> str:
     return " ".join(f"{k} {v:g}" for k, v in d.items() if k in ("p50", "p99")) + " ms" if d else "-"
 
 
+RECENT = 5  # finished migrations and balancer decisions shown
+
+
+def _clock(t) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t)) if t else "--:--:--"
+
+
+def _report(r: dict) -> str:
+    """One finished migration: what moved, how long it took, the latency of the input meanwhile."""
+    return (f"{r.get('bins', 0):,} bins, {_bytes(r.get('bytes'))}, {r.get('steps', 0)} steps in "
+            f"{r.get('duration_s', 0):.2f} s, latency max {r.get('max_latency_ms', 0):g} ms, "
+            f"p99 {r.get('p99_latency_ms', 0):g} ms")
+
+
+def render_migrations(m: dict) -> list[str]:
+    """The migrations under way, the last ones finished, and the balancer's view and decisions."""
+    lines = []
+    running, finished = [], []
+    for q, mig in sorted((m.get("migrations") or {}).items()):
+        running += [(q, r) for r in mig.get("running", [])]
+        finished += [(q, r) for r in mig.get("finished", [])]
+    if running or finished:
+        lines.append(f"migrations ({len(running)} running, {len(finished)} finished):")
+    for q, r in running:
+        planned = r.get("planned_bins")
+        done = f"{r.get('bins', 0):,}" + (f"/{planned:,}" if planned is not None else "")
+        lines.append(f"  running  {q}.{r['operator']}: {r['kind']} ({r['strategy']}), {done} bins, "
+                     f"{r.get('steps', 0)} steps")
+    for q, r in sorted(finished, key=lambda qr: qr[1].get("finished") or 0)[-RECENT:]:
+        lines.append(f"  {_clock(r.get('finished'))} {q}.{r['operator']}: {r['kind']} ({r['strategy']}), {_report(r)}")
+    b = m.get("balancer")
+    if b:
+        busy = ", ".join(f"{name} {share:.0%}" for name, share in sorted(b.get("busy", {}).items()))
+        busy = busy or "not sampled yet"
+        lines.append(f"balancer (queries {', '.join(b.get('watched', [])) or 'none'}): busy {busy}")
+        decisions = b.get("decisions", [])
+        if decisions:
+            lines.append(f"  decisions ({len(decisions)}, the last {min(RECENT, len(decisions))}):")
+        for d in decisions[-RECENT:]:
+            state = d.get("state", "done")
+            lines.append(f"    {_clock(d.get('time'))} {d['query']}.{d['operator']} {d['action']} [{state}]: "
+                         f"{d['reason']}")
+            if d.get("report"):
+                lines.append(f"        {_report(d['report'])}")
+            if d.get("error"):
+                lines.append(f"        failed: {d['error']}")
+    return lines
+
+
 def render(hello: dict, m: dict) -> str:
     """The status text of one metrics snapshot."""
     lines = [f"engine {hello.get('address')} (pid {hello.get('pid')}): {m.get('sequence', 0):,} tuples in"]
@@ -109,4 +163,5 @@ def render(hello: dict, m: dict) -> str:
         lines.append("late tuples per input stream:")
         for stream, ops in sorted(by_stream.items()):
             lines.append(f"  {stream}: " + ", ".join(f"{op} {n:,}" for op, n in sorted(ops.items())))
+    lines += render_migrations(m)
     return "\n".join(lines)

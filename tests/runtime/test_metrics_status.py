@@ -4,6 +4,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -84,3 +86,105 @@ def test_status_without_an_engine_says_so(own_home):
     p = subprocess.run([sys.executable, "-m", "sparkcep.cli", "status"], capture_output=True, text=True,
                        timeout=120, env=env)
     assert p.returncode == 1 and "no local engine is running" in p.stderr
+
+
+def _status(home) -> str:
+    env = dict(os.environ, SPARKCEP_HOME=str(home))
+    p = subprocess.run([sys.executable, "-m", "sparkcep.cli", "status"], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert p.returncode == 0, p.stderr
+    return p.stdout
+
+
+def _metric_samples(engine) -> dict[str, float]:
+    """The last ``$metrics`` sample (long form), taken now, as {name: value}."""
+    from sparkcep.control.client import EngineClient
+
+    with EngineClient.connect(engine.endpoint.address) as c:
+        latest = c.offsets("$metrics", interval=0)["latest"][0]
+        rows = c.read("$metrics", 0, 0, latest).to_pydict()
+    last = max(rows["time"])
+    return {n: v for t, n, v in zip(rows["time"], rows["name"], rows["value"]) if t == last}
+
+
+def test_migrations_and_balancer_decisions_are_visible(own_home, tmp_path):
+    """A migration under way, the finished ones (bins, bytes, steps, duration, latency) and the balancer's
+    decisions with their reasons appear in engine.metrics(), in the $metrics stream and in ``sparkcep status``."""
+    from sparkcep import auth
+    from sparkcep.runtime.cluster import Starting, wait_ready
+
+    with cep.Engine.local(workers=2) as engine:
+        dep = engine.deploy(make(), parallelism=2, bins=1024, balance=True)
+        engine.send("m_in", {"k": [f"k{i}" for i in range(500)], "ts": pa.array(np.arange(500) * 1000,
+                                                                                  pa.timestamp("us")),
+                             "v": np.arange(500)})
+        before = _metric_samples(engine)
+        assert before["balancer.decisions"] == 0 and not any(n.startswith("migrations.") for n in before)
+        # a slow migration: shown while it runs
+        moving = {b: 1 - o for b, o in enumerate(dep.bin_owners("per_k")) if b < 150}
+        done: dict = {}
+        t = threading.Thread(target=lambda: done.update(report=dep.migrate("per_k", moving, "fluid", gap_ms=40)))
+        t.start()
+        try:
+            deadline = time.monotonic() + 30
+            while not dep.migrations()["running"] and time.monotonic() < deadline:
+                time.sleep(0.01)
+            running = engine.metrics()["migrations"]["mq"]["running"]
+            assert [(r["operator"], r["kind"], r["strategy"], r["planned_bins"]) for r in running] == \
+                [("per_k", "migrate", "fluid", 150)]
+            sample = _metric_samples(engine)
+            assert sample["migrations.mq.per_k.running.planned_bins"] == 150
+            assert 0 <= sample["migrations.mq.per_k.running.bins"] < 150
+            text = _status(own_home)
+            assert "migrations (1 running, 0 finished):" in text, text
+            assert "running  mq.per_k: migrate (fluid), " in text and "/150 bins" in text, text
+        finally:
+            t.join(120)
+        report = done["report"]
+        assert report["bins"] == 150 and report["steps"] == 150 and report["bytes"] > 0
+        # an instance manager joins: the balancer decides to give it a share of per_k
+        token = auth.write(tmp_path / "token", engine.token)
+        root = os.path.dirname(os.path.dirname(cep.__file__))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, *sys.path]))
+        proc = subprocess.Popen([sys.executable, "-m", "sparkcep", "worker", "--listen", "127.0.0.1:0", "--name",
+                                 "newcomer", "--cpus", "0", "--token-file", str(token)], stdout=subprocess.PIPE,
+                                env=env)
+        try:
+            engine.add_instance_manager(wait_ready([Starting(proc, "newcomer")])[0]["address"])
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                decisions = engine.metrics()["balancer"]["decisions"]
+                if decisions and decisions[-1]["state"] != "running":
+                    break
+                time.sleep(0.2)
+            m = engine.metrics()
+            sample = _metric_samples(engine)
+            text = _status(own_home)
+        finally:
+            proc.kill()
+            proc.wait()
+            proc.stdout.close()
+    # engine.metrics(): the reports and the decision with its reason
+    finished = m["migrations"]["mq"]["finished"]
+    assert [(r["kind"], r["operator"]) for r in finished] == [("migrate", "per_k"), ("rescale", "per_k")]
+    assert finished[0] == report
+    rescaled = finished[1]
+    assert rescaled["bins"] == 1024 // 3 and rescaled["bytes"] > 0 and rescaled["steps"] >= 1
+    (decision,) = m["balancer"]["decisions"]
+    assert decision["action"] == "rescale" and decision["state"] == "done" and decision["report"] == rescaled
+    assert decision["reason"].startswith("instance manager newcomer joined: per_k goes from 2 to 3 instances")
+    assert set(m["balancer"]["busy"]) >= {"im-0", "im-1"}
+    # $metrics: the last report's figures per operator, the balancer's counts and busy shares
+    for k in ("bins", "bytes", "steps", "duration_s", "max_latency_ms", "p99_latency_ms", "latency_epochs"):
+        assert sample[f"migrations.mq.per_k.last.{k}"] == rescaled[k], k
+    assert sample["migrations.mq.per_k.last.finished"] == pytest.approx(rescaled["finished"])
+    assert not any(".running." in name for name in sample)
+    assert sample["balancer.decisions"] == 1 and sample["balancer.deciding"] == 0
+    assert 0 <= sample["balancer.busy.im-0"] <= 1
+    # sparkcep status: the finished migrations and the decision, its reason and report
+    assert "migrations (0 running, 2 finished):" in text, text
+    assert f"mq.per_k: migrate (fluid), 150 bins, " in text and "150 steps in " in text, text
+    assert f"mq.per_k: rescale (batched), {rescaled['bins']:,} bins, " in text, text
+    assert "balancer (queries mq): busy im-0 " in text and "decisions (1, the last 1):" in text, text
+    assert "mq.per_k rescale [done]: instance manager newcomer joined: per_k goes from 2 to 3" in text, text
+    assert f"latency max {rescaled['max_latency_ms']:g} ms, p99 {rescaled['p99_latency_ms']:g} ms" in text, text
