@@ -9,6 +9,7 @@ counter must match exactly; only CPU, memory and rates may move between reads.
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import socket
@@ -23,6 +24,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import sparkcep as cep
+from sparkcep import auth
+from sparkcep.control import metrics_cli
 from sparkcep.control.client import EngineClient
 from sparkcep.control.prometheus import exposition, serve
 from sparkcep.errors import EngineError
@@ -279,6 +282,23 @@ def test_metrics_fetched_from_another_process_through_the_endpoint(workers_engin
         got = assert_same(reader.metrics, scraped.metrics)
     assert value(got, "sparkcep_endpoint_requests_total") >= 1
     assert value(got, "sparkcep_instance_manager_instances", instance_manager="im-2") >= 1  # the rebuilt replica
+
+
+def test_sparkcep_metrics_prints_the_text_of_an_engine(workers_engine, tmp_path, capsys):
+    engine, _ = workers_engine
+    token_file = auth.write(tmp_path / "token", engine.token)
+    parser = argparse.ArgumentParser()
+    metrics_cli.add_arguments(parser)
+    assert metrics_cli.run(parser.parse_args(["--engine", engine.endpoint.address,
+                                              "--token-file", str(token_file)])) == 0
+    families = {f.name: f for f in text_string_to_metric_families(capsys.readouterr().out)}
+    assert families["sparkcep_query_rows_in"].type == "counter"
+    assert {s.labels["query"]: s.value for s in families["sparkcep_query_rows_in"].samples} == \
+        {"rq": 4000, "pq": 4000}
+    (tmp_path / "wrong").write_text("not-the-token\n")
+    assert metrics_cli.run(parser.parse_args(["--engine", engine.endpoint.address,
+                                              "--token-file", str(tmp_path / "wrong")])) == 1
+    assert "[UNAUTHENTICATED]" in capsys.readouterr().err
 
 
 # --- the server -----------------------------------------------------------------------------------------
