@@ -13,10 +13,11 @@ import sys
 
 COMMANDS = {
     "worker": ("sparkcep.runtime.instance_manager", "run an instance manager: a service engines deploy instances to"),
-    "status": ("sparkcep.control.status", "show a running local engine: queries, instance managers, metrics"),
+    "status": ("sparkcep.control.status", "show a running engine (or a cluster, --zk): queries, instance managers"),
     "zookeeper": ("sparkcep.control.zookeeper", "run a development ZooKeeper server on loopback for the registry"),
     "orchestrator": ("sparkcep.control.orchestrator", "run an orchestrator of a cluster (state in ZooKeeper)"),
     "deploy": ("sparkcep.control.deploy", "deploy a query (a Python file defining `query`) on a cluster"),
+    "metrics": ("sparkcep.control.metrics_cli", "print a running engine's metrics in Prometheus text, or serve them"),
     "token": ("sparkcep.control.token", "write a new cluster token to a file (mode 0600)"),
     "engine-host": ("sparkcep.control.host", "serve a cluster's engine (started by the leading orchestrator)"),
     "warm-up": ("sparkcep.runtime.warmup", "compile the engine's kernels into numba's cache (the install does it)"),

@@ -180,7 +180,12 @@ class Orchestrator:
 
     # --- the cluster -------------------------------------------------------------------
     def _refresh(self) -> None:
-        """Record each deployment's placement and bin tables, and what each instance manager runs."""
+        """Record each deployment's placement and figures, and what each instance manager runs."""
+        queries = self.client.metrics().get("queries", {})
+        for q, m in queries.items():
+            if self.registry.get(f"{tree.DEPLOYMENTS}/{q}") is not None:
+                self.registry.set(f"{tree.DEPLOYMENTS}/{q}/metrics", {
+                    k: m.get(k) for k in ("rows_in", "rows_out", "input_rate", "throughput", "latency_ms")})
         ims = self.client.instance_managers()
         self._hosted = {im["name"]: im["instances"] for im in ims}
         placement: dict[str, dict] = {}

@@ -13,6 +13,7 @@ each with its reason and outcome.
     sparkcep status                 # the local engine, once
     sparkcep status --watch 1       # every second until Ctrl-C
     sparkcep status --json          # the raw metrics
+    sparkcep status --zk 127.0.0.1:2181/demo [--json]   # a cluster, from its registry
 """
 
 from __future__ import annotations
@@ -28,11 +29,15 @@ def add_arguments(parser) -> None:
     parser.add_argument("--engine", default=None, help="host:port of the engine (default: the local engine)")
     parser.add_argument("--json", action="store_true", help="print the raw metrics as JSON")
     parser.add_argument("--watch", type=float, default=0, metavar="SECONDS", help="repeat every SECONDS")
+    parser.add_argument("--zk", default=None, metavar="HOST:PORT/PATH",
+                        help="show a cluster from its registry: orchestrators, instance managers, deployments")
 
 
 def run(args) -> int:
     from sparkcep.control.client import EngineClient
 
+    if args.zk:
+        return _cluster(args)
     try:
         with EngineClient.connect(args.engine, timeout=30) as client:
             while True:
@@ -41,6 +46,26 @@ def run(args) -> int:
                     print(json.dumps({"engine": hello, "metrics": metrics}, indent=1))
                 else:
                     print(render(hello, metrics), flush=True)
+                if not args.watch:
+                    return 0
+                time.sleep(args.watch)
+                print()
+    except KeyboardInterrupt:
+        return 0
+    except SparkcepError as e:
+        print(f"sparkcep status: {e} [{e.code}]", file=sys.stderr)
+        return 1
+
+
+def _cluster(args) -> int:
+    from sparkcep.control import cluster_status
+    from sparkcep.control.orchestrator import zk_address
+    from sparkcep.control.registry import open_registry
+    try:
+        with open_registry(zk_address(args.zk)) as registry:
+            while True:
+                doc = cluster_status.cluster(registry)
+                print(json.dumps(doc, indent=1) if args.json else cluster_status.render(doc), flush=True)
                 if not args.watch:
                     return 0
                 time.sleep(args.watch)

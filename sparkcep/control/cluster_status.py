@@ -1,0 +1,75 @@
+"""``sparkcep status --zk HOST:PORT/PATH``: a cluster as its registry records it.
+
+The orchestrators (which one leads), the instance managers that are
+members (and the instances each runs), the deployments (where their
+instances run, their rates and latency as the leader last recorded them,
+every couple of seconds), the engine host, and the last events (deaths,
+changes of leader). Reading it needs no token: the registry holds no
+stream data and nothing that lets a reader act.
+"""
+
+from __future__ import annotations
+
+from sparkcep.control import tree
+from sparkcep.control.registry import Registry
+
+EVENTS_SHOWN = 10
+
+
+def cluster(registry: Registry) -> dict:
+    """The status document: ``orchestrators``, ``instance_managers``, ``deployments``, ``engine``, ``events``."""
+    leader = registry.leader(tree.LEASE)
+    orchestrators = [{**(registry.get(f"{tree.ORCHESTRATORS}/{n}") or {"name": n}), "leader": n == leader}
+                     for n in registry.children(tree.ORCHESTRATORS)]
+    deployments, hosted = [], {}
+    for q in registry.children(tree.DEPLOYMENTS):
+        record = registry.get(f"{tree.DEPLOYMENTS}/{q}") or {}
+        placement = registry.get(f"{tree.DEPLOYMENTS}/{q}/placement") or {}
+        for instance, im in placement.items():
+            hosted.setdefault(im, []).append(f"{q}.{instance}")
+        deployments.append({"query": q, "deployment": record.get("deployment"), "streams": record.get("streams", []),
+                            "outputs": record.get("outputs", []), "options": record.get("options", {}),
+                            "placement": placement,
+                            "metrics": registry.get(f"{tree.DEPLOYMENTS}/{q}/metrics") or {}})
+    members = []
+    for name in registry.children(tree.MEMBERS):
+        info = registry.get(tree.member(name)) or {}
+        members.append({"name": name, "pid": info.get("pid"), "host": info.get("address", "").rpartition(":")[0],
+                        "address": info.get("address"), "cpus": info.get("cpus"), "node": info.get("node"),
+                        "instances": sorted(hosted.get(name, []))})
+    events = [registry.get(f"{tree.EVENTS}/{e}") for e in registry.children(tree.EVENTS)[-EVENTS_SHOWN:]]
+    return {"cluster": getattr(registry, "address", repr(registry)), "engine": registry.get(tree.ENGINE),
+            "orchestrators": orchestrators, "instance_managers": members, "deployments": deployments,
+            "events": [e for e in events if e]}
+
+
+def render(doc: dict) -> str:
+    """The status document as tables."""
+    engine = doc.get("engine")
+    lines = [f"cluster {doc['cluster']}: engine host "
+             + (f"{engine['address']} (pid {engine['pid']})" if engine else "none yet")]
+    lines.append(f"orchestrators ({len(doc['orchestrators'])}):")
+    for o in doc["orchestrators"]:
+        lines.append(f"  {o.get('name'):>12} pid {o.get('pid')!s:>7}  {'LEADER' if o['leader'] else 'standby'}"
+                     + (f"  metrics http://{o['metrics']}/metrics" if o.get("metrics") else ""))
+    lines.append(f"instance managers ({len(doc['instance_managers'])}):")
+    lines.append(f"  {'name':>12} {'address':>21} {'pid':>7} {'cpus':>6}  instances")
+    for im in doc["instance_managers"]:
+        cpus = ",".join(map(str, im.get("cpus") or []))
+        lines.append(f"  {im['name']:>12} {im.get('address') or '':>21} {im.get('pid')!s:>7} {cpus:>6}  "
+                     f"{', '.join(im['instances']) or '-'}")
+    lines.append(f"deployments ({len(doc['deployments'])}):")
+    for d in doc["deployments"]:
+        m = d.get("metrics") or {}
+        lat = m.get("latency_ms") or {}
+        lines.append(f"  {d['query']} ({d.get('deployment')}): {', '.join(d['streams'])} -> {', '.join(d['outputs'])}; "
+                     f"in {m.get('rows_in', 0):,} ({m.get('input_rate', 0):,.0f}/s), out {m.get('rows_out', 0):,} "
+                     f"({m.get('throughput', 0):,.0f}/s), latency p50 {lat.get('p50', '-')} p99 {lat.get('p99', '-')} ms")
+        for instance, im in sorted(d["placement"].items()):
+            lines.append(f"      {instance} on {im}")
+    if doc["events"]:
+        lines.append("events:")
+        for e in doc["events"]:
+            what = {k: v for k, v in e.items() if k not in ("kind", "time")}
+            lines.append(f"  {e.get('kind')}: {what}")
+    return "\n".join(lines)
