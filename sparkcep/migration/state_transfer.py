@@ -25,17 +25,19 @@ from sparkcep.runtime.channels import Export, Import
 
 def handoff_records(dep, gen):
     """The Export records for the running generation of ``dep``, the Import records for ``gen``, and the
-    tickets to wait for: each stateful instance hands everything to the instance of its index in ``gen``."""
+    tickets to wait for: each stateful instance hands everything to the instance of its index in ``gen``;
+    a stateless one staying in its process hands its counters over with itself."""
     exports, imports, tickets = [], [], []
     old = dep.gen
     for sq in dep.plan.subqueries:
-        if not sq.head.stateful:
-            continue
         out, into = [], []
         for i in range(min(old.layout.parallelism[sq.name], gen.layout.parallelism[sq.name])):
             host = gen.host_of((sq.name, i))
+            stays = host == old.host_of((sq.name, i))
+            if not stays and not sq.head.stateful:
+                continue
             t = ticket(dep, sq.head.name, i, i)
-            out.append([i, t, host, "adopt" if host == old.host_of((sq.name, i)) else "take", None])
+            out.append([i, t, host, "adopt" if stays else "take", None])
             into.append([i, t])
             tickets.append(t)
         if out:

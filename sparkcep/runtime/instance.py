@@ -187,6 +187,7 @@ class InstanceRunner:
                 break
             ticket = self.importing.pop(0)
             if isinstance(state, Adopted):
+                state.counters.absorb(self.counters)  # what this instance counted while it waited
                 self.instance, self.counters, nbytes = state.instance, state.counters, 0
             else:
                 self.instance.stateful.put_bins(state)

@@ -119,6 +119,17 @@ class Counters:
         self.rows_out: dict[str, int] = {}
         self.latency: dict[str, Histogram] = {}
 
+    def absorb(self, other: "Counters") -> None:
+        """Add what ``other`` counted (an instance taking over from its predecessor keeps its totals)."""
+        self.rows_in += other.rows_in
+        self.batches_in += other.batches_in
+        self.busy_ns += other.busy_ns
+        self.epoch = max(self.epoch, other.epoch)
+        for name, n in other.rows_out.items():
+            self.rows_out[name] = self.rows_out.get(name, 0) + n
+        for name, hist in other.latency.items():
+            self.latency.setdefault(name, Histogram()).merge(hist)
+
     def snapshot(self) -> dict:
         return {"rows_in": self.rows_in, "batches_in": self.batches_in, "rows_out": dict(self.rows_out),
                 "busy_ns": self.busy_ns, "epoch": self.epoch,
