@@ -35,21 +35,36 @@ while spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() < args["exec
     time.sleep(0.2)  # in local-cluster mode executors register after the session is up
 
 
-def write(source, schema, engine, stream, checkpoint):
-    # one Parquet file per micro-batch, so the engine sees them in file order
-    events = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(source)
-    q = (events.writeStream.format("upmcep").option("engine", engine).option("stream", stream)
-         .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+def engine_options(engine, token_file):
+    return {"engine": engine, **({"tokenFile": token_file} if token_file else {})}
+
+
+def finish(q):
     q.awaitTermination(300)
     if q.exception() is not None:
         raise RuntimeError(str(q.exception()))
-    return {"batches": len(q.recentProgress)}
+    return len(q.recentProgress)
 
 
-def read(engine, stream, columns, path):
-    df = spark.read.format("upmcep").option("engine", engine).load(stream).select(*columns)
+def write(source, schema, engine, stream, checkpoint, token_file=None):
+    # one Parquet file per micro-batch, so the engine sees them in file order
+    events = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(source)
+    q = (events.writeStream.format("upmcep").options(**engine_options(engine, token_file)).option("stream", stream)
+         .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+    return {"batches": finish(q)}
+
+
+def read(engine, stream, columns, path, token_file=None):
+    df = spark.read.format("upmcep").options(**engine_options(engine, token_file)).load(stream).select(*columns)
     df.write.parquet(path)
     return {"rows": spark.read.parquet(path).count()}
+
+
+def read_stream(engine, stream, columns, path, checkpoint, token_file=None):
+    df = spark.readStream.format("upmcep").options(**engine_options(engine, token_file)).load(stream)
+    q = (df.select(*columns).writeStream.format("parquet").option("path", path)
+         .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+    return {"batches": finish(q), "rows": spark.read.parquet(path).count()}
 
 
 # local-cluster executors work in $SPARK_HOME/work/APP: neither spark.worker.dir nor SPARK_WORKER_DIR
@@ -60,7 +75,8 @@ print("UP " + json.dumps({"app": app, "work": os.path.join(_find_spark_home(), "
 for line in sys.stdin:
     command = json.loads(line)
     try:
-        print("OK " + json.dumps({"write": write, "read": read}[command["op"]](**command["args"])), flush=True)
+        ops = {"write": write, "read": read, "read_stream": read_stream}
+        print("OK " + json.dumps(ops[command["op"]](**command["args"])), flush=True)
     except Exception as e:
         print("ERR " + json.dumps(f"{type(e).__name__}: {e}"), flush=True)
 spark.stop()
