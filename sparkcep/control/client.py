@@ -44,15 +44,15 @@ def resolve(engine: str | None) -> str:
     """``host:port`` of the engine named by the ``engine`` option.
 
     ``None``, ``""`` or ``"local"``: the local engine (see :mod:`sparkcep.control.discovery`);
-    ``"host:port"``: that endpoint; ``zk://...``: a registry, once the control plane provides it.
+    ``"host:port"``: that endpoint. A cluster's engine (``zk://...``) is found through its registry:
+    ``sparkcep.Engine.connect``, ``sparkcep status --zk``, Spark's ``engine=zk://...``.
     """
     if engine is None or engine.strip() in ("", "local"):
         return discovery.local_address()
     engine = engine.strip()
     if engine.startswith("zk://"):
-        raise errors.EngineError(f"engine {engine!r}: engines registered in ZooKeeper are not supported "
-                                 "yet; pass the engine's endpoint as host:port or leave the option unset "
-                                 "for the local engine", "ENGINE_ZK_UNSUPPORTED")
+        raise errors.EngineError(f"engine {engine!r} is a cluster: reach it with sparkcep.Engine.connect({engine!r}, "
+                                 "token_file=...), sparkcep status --zk, or Spark's engine option", "ENGINE_OPTION")
     host, sep, port = engine.rpartition(":")
     if not sep or not host or not port.isdigit():
         raise errors.EngineError(f"engine option {engine!r} is not host:port, 'local' or a zk:// URL",

@@ -20,12 +20,25 @@ import pyarrow as pa
 from sparkcep import auth
 from sparkcep.control import tree
 from sparkcep.control.client import EngineClient
+from sparkcep.control.discovery import EngineNotFoundError
 from sparkcep.control.registry import open_registry
 from sparkcep.core.columns import SEQ
 from sparkcep.errors import EngineError
 
 REQUEST_TIMEOUT_S = 120.0  # a deploy waits this long for an orchestrator to answer
+REGISTRY_TIMEOUT_S = 10.0  # to reach a cluster's registry to find its engine host
 POLL_S = 0.05
+
+
+def engine_address(zk: str) -> str:
+    """``host:port`` of the engine host of the cluster whose registry is at ``zk``; EngineNotFoundError
+    ``ENGINE_NOT_FOUND`` when it has none, RegistryError when the registry cannot be read."""
+    with open_registry(zk, timeout=REGISTRY_TIMEOUT_S) as registry:
+        doc = registry.get(tree.ENGINE)
+    if not doc:
+        raise EngineNotFoundError(f"the cluster at {zk} has no engine host (its registry holds no {tree.ENGINE}: "
+                                  "is an orchestrator running?)", "ENGINE_NOT_FOUND")
+    return doc["address"]
 
 
 class ConnectedEngine:

@@ -56,8 +56,11 @@ class EngineHost:
             target=self._adopt, args=(names,), daemon=True).start())
 
     def _adopt(self, names: list[str]) -> None:
-        """Use every member not adopted yet (a worker that joined) for the next placements."""
+        """Use every member not adopted yet (a worker that joined) for the next placements; one that left
+        may come back under its name."""
         with self._lock:
+            for name in set(self.adopted) - set(names):
+                del self.adopted[name]
             for name in sorted(set(names) - set(self.adopted)):
                 info = self.registry.get(tree.member(name))
                 if not info:

@@ -498,8 +498,10 @@ def _path(directory: str, name: str):
     return Path(directory) / name
 
 
-def start_worker(name: str, cpu: int, listen: str, token_file: str) -> subprocess.Popen:
-    """Start ``sparkcep worker --once`` pinned to ``cpu``, listening on ``listen`` (``host:port``).
+def start_worker(name: str, cpu: int, listen: str, token_file: str, zk: str | None = None) -> subprocess.Popen:
+    """Start ``sparkcep worker --once`` pinned to ``cpu``, listening on ``listen`` (``host:port``) — or,
+    with ``zk``, a member of that cluster's registry (``--zk``, no ``--once``: it serves whichever engine
+    host adopts it).
 
     It imports what this process imports (the same sparkcep, and the modules
     of the query's functions), gets SIGTERM when this process dies, and
@@ -510,7 +512,7 @@ def start_worker(name: str, cpu: int, listen: str, token_file: str) -> subproces
     paths = [root] + [p for p in sys.path if p and os.path.isdir(p)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
     cmd_line = [sys.executable, "-m", "sparkcep", "worker", "--listen", listen, "--cpus", str(cpu),
-                "--name", name, "--token-file", token_file, "--once"]
+                "--name", name, "--token-file", token_file, *(["--zk", zk] if zk else ["--once"])]
     return subprocess.Popen(cmd_line, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env,
                             preexec_fn=_die_with_parent)
 

@@ -397,6 +397,7 @@ def run(args) -> int:
         return 1
     member = None
     if args.zk:
+        print(f"STARTING joining the cluster at {args.zk}", flush=True)
         try:
             member = join(args.zk, im)
         except EngineError as e:

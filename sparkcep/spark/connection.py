@@ -21,12 +21,12 @@ import threading
 from dataclasses import dataclass
 
 from sparkcep.control.client import EngineClient, resolve
+from sparkcep.control.connect import engine_address
 from sparkcep.control.discovery import EngineNotFoundError
 from sparkcep.errors import SparkcepError
 from sparkcep.spark.options import SparkSourceError, spark_error
 
 ZK = "zk://"
-REGISTRY_TIMEOUT_S = 10.0  # to reach a cluster's registry for the look-up
 
 
 @dataclass(frozen=True)
@@ -54,23 +54,6 @@ def target_of(engine: str | None, token_file: str | None) -> Target:
     return Target(resolve(engine or None), token_file)
 
 
-def engine_host(zk: str) -> str:
-    """``host:port`` of the engine host of the cluster whose registry is at ``zk``; EngineNotFoundError
-    ``ENGINE_NOT_FOUND`` when it has none, RegistryError when the registry cannot be read."""
-    from sparkcep.control import tree
-    from sparkcep.control.registry import open_registry
-
-    registry = open_registry(zk, timeout=REGISTRY_TIMEOUT_S)
-    try:
-        doc = registry.get(tree.ENGINE)
-    finally:
-        registry.close()
-    if not doc:
-        raise EngineNotFoundError(f"the cluster at {zk} has no engine host (its registry holds no {tree.ENGINE}: "
-                                  "is an orchestrator running?)", "ENGINE_NOT_FOUND")
-    return doc["address"]
-
-
 _clients: dict[Target, EngineClient] = {}
 _engine_hosts: dict[str, str] = {}  # zk:// address -> host:port of its engine host, as last looked up
 _lock = threading.Lock()
@@ -83,7 +66,7 @@ def client(target: Target) -> EngineClient:
         if c is None:
             address = target.address
             if address.startswith(ZK):
-                address = _engine_hosts.get(address) or _engine_hosts.setdefault(address, engine_host(address))
+                address = _engine_hosts.get(address) or _engine_hosts.setdefault(address, engine_address(address))
             c = _clients[target] = EngineClient(address, token_file=target.token_file)
         return c
 

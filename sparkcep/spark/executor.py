@@ -56,11 +56,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import sparkcep
 from sparkcep import auth
 from sparkcep.control.client import EngineClient, resolve
 from sparkcep.errors import EngineError, SparkcepError
-from sparkcep.runtime.cluster import REPLY_TIMEOUT_S, Starting, _die_with_parent, start_worker, wait_ready
+from sparkcep.runtime.cluster import REPLY_TIMEOUT_S, Starting, start_worker, wait_ready
 
 log = logging.getLogger("sparkcep.spark.executor")
 
@@ -99,19 +98,6 @@ def find_engine(engine: str | None, token_file: str | None, token: str | None = 
     with EngineClient(address, timeout=10, token=token, token_file=token_file) as client:
         run = client.hello()["engine"]
         return Target(address, run, client.token)
-
-
-def start_member(name: str, cpu: int, listen: str, token_file: str, zk: str) -> subprocess.Popen:
-    """Start ``sparkcep worker --zk ZK``, a member of a cluster's registry, as
-    :func:`~sparkcep.runtime.cluster.start_worker` starts a worker (same imports, READY line on a pipe,
-    SIGTERM when this process dies) but without ``--once``: it serves whichever engine host adopts it."""
-    root = os.path.dirname(os.path.dirname(sparkcep.__file__))
-    paths = [root] + [p for p in sys.path if p and os.path.isdir(p)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
-    cmd_line = [sys.executable, "-m", "sparkcep", "worker", "--listen", listen, "--cpus", str(cpu),
-                "--name", name, "--token-file", token_file, "--zk", zk]
-    return subprocess.Popen(cmd_line, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env,
-                            preexec_fn=_die_with_parent)
 
 
 def listen_address(listen: str | None, index: int) -> str:
@@ -279,9 +265,7 @@ class Launcher:
         if self.started > self.count:
             name += f".{self.started - self.count}"  # started again: a new name (an engine host adopts one once)
         listen = listen_address(self.listen, i)
-        if self.zk:
-            return Worker(name, cpu, listen, start_member(name, cpu, listen, str(self.token_path), self.zk))
-        return Worker(name, cpu, listen, start_worker(name, cpu, listen, str(self.token_path)))
+        return Worker(name, cpu, listen, start_worker(name, cpu, listen, str(self.token_path), self.zk))
 
     def _wait_ready(self, workers: list[Worker]) -> None:
         infos = wait_ready([Starting(w.process, f"instance manager {w.name} (cpu {w.cpu}, {w.listen})")

@@ -217,7 +217,7 @@ def _pattern(documented: str) -> re.Pattern:
 
 def test_engine_option_forms(home):
     assert resolve("127.0.0.1:4000") == "127.0.0.1:4000"
-    for bad, code in (("nonsense", "ENGINE_OPTION"), ("zk://127.0.0.1:2181/x", "ENGINE_ZK_UNSUPPORTED")):
+    for bad, code in (("nonsense", "ENGINE_OPTION"), ("zk://127.0.0.1:2181/x", "ENGINE_OPTION")):
         with pytest.raises(EngineError) as err:
             resolve(bad)
         assert err.value.code == code
