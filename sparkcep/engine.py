@@ -102,7 +102,7 @@ class Engine:
         engine = cls(workers, instance_managers, token=token, topology=topology, ring_bytes=ring_bytes,
                      standby=standby)
         # other local processes (Spark's Python workers, the CLI) reach it over loopback
-        from sparkcep.control.endpoint import start_endpoint
+        from sparkcep.gateway.endpoint import start_endpoint
         try:
             engine.endpoint = start_endpoint(engine, listen)
         except BaseException:

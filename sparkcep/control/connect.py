@@ -19,8 +19,8 @@ import pyarrow as pa
 
 from sparkcep import auth
 from sparkcep.control import tree
-from sparkcep.control.client import EngineClient
-from sparkcep.control.discovery import EngineNotFoundError
+from sparkcep.gateway.client import EngineClient
+from sparkcep.gateway.discovery import EngineNotFoundError
 from sparkcep.control.registry import open_registry
 from sparkcep.core.columns import SEQ
 from sparkcep.errors import EngineError

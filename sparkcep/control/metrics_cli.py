@@ -28,7 +28,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from sparkcep.control import prometheus
-    from sparkcep.control.client import EngineClient
+    from sparkcep.gateway.client import EngineClient
 
     try:
         with EngineClient.connect(args.engine, timeout=30, token_file=args.token_file) as client:

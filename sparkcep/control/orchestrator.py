@@ -37,7 +37,7 @@ import cloudpickle
 from sparkcep import auth
 from sparkcep.control import host as engine_host
 from sparkcep.control import tree
-from sparkcep.control.client import EngineClient
+from sparkcep.gateway.client import EngineClient
 from sparkcep.control.registry import Registry, RegistryError, State, open_registry
 from sparkcep.errors import SparkcepError
 

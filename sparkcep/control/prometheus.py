@@ -2,7 +2,7 @@
 
 :class:`EngineCollector` reads a ``metrics()`` dict at each scrape — the one
 :meth:`sparkcep.Engine.metrics` returns, or :meth:`EngineClient.metrics
-<sparkcep.control.client.EngineClient.metrics>` fetched from another
+<sparkcep.gateway.client.EngineClient.metrics>` fetched from another
 process — and turns it into metric families; :func:`serve` serves them
 through ``prometheus_client``'s HTTP server, on a registry of its own, bound
 to loopback unless told otherwise. The endpoint has no authentication:

@@ -34,7 +34,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from sparkcep.control.client import EngineClient
+    from sparkcep.gateway.client import EngineClient
 
     if args.zk:
         return _cluster(args)

@@ -1,6 +1,6 @@
 """Client of the loopback endpoint: how other processes (Spark workers, the CLI) use an engine.
 
->>> from sparkcep.control.client import EngineClient
+>>> from sparkcep.gateway.client import EngineClient
 >>> with EngineClient.connect() as c:            # doctest: +SKIP
 ...     c.schema("per_ip")["fields"]
 {'window_start': 'timestamp', ...}
@@ -12,7 +12,7 @@ raised come back as the same sparkcep error class with the same ``code``;
 an unreachable engine raises ``EngineNotFoundError``.
 
 Sends and reads of any size work: the client splits them into requests of
-at most :func:`sparkcep.control.protocol.chunk_bytes` each. A large
+at most :func:`sparkcep.gateway.protocol.chunk_bytes` each. A large
 :meth:`EngineClient.send` is staged in pieces and committed at once, so it
 is still one engine send, taken whole or not at all.
 """
@@ -29,9 +29,9 @@ import pyarrow as pa
 
 from sparkcep import errors
 from sparkcep import auth
-from sparkcep.control import discovery
-from sparkcep.control.discovery import EngineNotFoundError
-from sparkcep.control.protocol import ProtocolError, chunk_bytes, chunks, from_ipc, recv_frame, send_frame, to_ipc
+from sparkcep.gateway import discovery
+from sparkcep.gateway.discovery import EngineNotFoundError
+from sparkcep.gateway.protocol import ProtocolError, chunk_bytes, chunks, from_ipc, recv_frame, send_frame, to_ipc
 
 TOKEN_FILE_ENV = "SPARKCEP_TOKEN_FILE"
 _HANG_UP = ("UNAUTHENTICATED", "FRAME_TOO_LARGE", "PROTOCOL")  # errors after which the endpoint closes
@@ -43,7 +43,7 @@ _ERRORS = {cls.__name__: cls for cls in (errors.SparkcepError, errors.SchemaErro
 def resolve(engine: str | None) -> str:
     """``host:port`` of the engine named by the ``engine`` option.
 
-    ``None``, ``""`` or ``"local"``: the local engine (see :mod:`sparkcep.control.discovery`);
+    ``None``, ``""`` or ``"local"``: the local engine (see :mod:`sparkcep.gateway.discovery`);
     ``"host:port"``: that endpoint. A cluster's engine (``zk://...``) is found through its registry:
     ``sparkcep.Engine.connect``, ``sparkcep status --zk``, Spark's ``engine=zk://...``.
     """
@@ -128,7 +128,7 @@ class EngineClient:
     def schema(self, stream: str, form: str | None = None) -> dict:
         """``{"kind": "input"|"output"|"metrics", "fields": {name: type}, "time_field"}``; UnknownStreamError.
 
-        ``form``: of ``$metrics``, ``long`` (default) or ``wide`` (see :mod:`sparkcep.control.endpoint`).
+        ``form``: of ``$metrics``, ``long`` (default) or ``wide`` (see :mod:`sparkcep.gateway.endpoint`).
         """
         return self.request("schema", stream=stream, **_drop_none({"form": form}))[0]
 

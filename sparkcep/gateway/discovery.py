@@ -11,7 +11,7 @@ engine of this machine runs:
 Processes that Spark or the CLI start find the engine through ``local.json``
 unless they are given an explicit ``host:port``, and the token of an engine
 of this machine through its token file (see
-:func:`sparkcep.control.client.find_token`).
+:func:`sparkcep.gateway.client.find_token`).
 """
 
 from __future__ import annotations

@@ -3,16 +3,16 @@
 Started by :meth:`sparkcep.Engine.local`, listening on ``127.0.0.1`` at an
 ephemeral port. It writes the engine's token (:mod:`sparkcep.auth`) to
 ``$SPARKCEP_HOME/engine-HOST-PORT.token`` (mode 0600) and publishes
-its address in ``local.json`` (see :mod:`sparkcep.control.discovery`).
+its address in ``local.json`` (see :mod:`sparkcep.gateway.discovery`).
 Spark's Python workers, the JVM plugin's instance-manager launcher and
-``sparkcep status`` use it through :class:`sparkcep.control.client.EngineClient`.
+``sparkcep status`` use it through :class:`sparkcep.gateway.client.EngineClient`.
 One thread per connection; engine calls that change state are serialised by
 :attr:`Endpoint.lock`.
 
 Every request carries the token. A request without it (or with a wrong
 one) gets the error ``UNAUTHENTICATED`` and its connection is closed before
 its payload is read; it is counted (``unauthenticated``) and logged once per
-peer host. A frame over the size limits of :mod:`sparkcep.control.protocol`
+peer host. A frame over the size limits of :mod:`sparkcep.gateway.protocol`
 gets ``FRAME_TOO_LARGE`` before anything is allocated for it, and its
 connection is closed too. Payloads are Arrow IPC, headers JSON: nothing a
 peer sends is unpickled.
@@ -67,9 +67,9 @@ import numpy as np
 import pyarrow as pa
 
 from sparkcep import auth
-from sparkcep.control import discovery
-from sparkcep.control.protocol import ProtocolError, from_ipc, read_head, read_payload, send_frame, to_ipc
-from sparkcep.control.staging import Staging
+from sparkcep.gateway import discovery
+from sparkcep.gateway.protocol import ProtocolError, from_ipc, read_head, read_payload, send_frame, to_ipc
+from sparkcep.gateway.staging import Staging
 from sparkcep.core.pages import scratch
 from sparkcep.errors import EngineError, InputError, SparkcepError, UnknownStreamError
 from sparkcep.runtime.output_log import OutputLog

@@ -20,9 +20,9 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from sparkcep.control.client import EngineClient, resolve
+from sparkcep.gateway.client import EngineClient, resolve
 from sparkcep.control.connect import engine_address
-from sparkcep.control.discovery import EngineNotFoundError
+from sparkcep.gateway.discovery import EngineNotFoundError
 from sparkcep.errors import SparkcepError
 from sparkcep.spark.options import SparkSourceError, spark_error
 

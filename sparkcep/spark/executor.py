@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkcep import auth
-from sparkcep.control.client import EngineClient, resolve
+from sparkcep.gateway.client import EngineClient, resolve
 from sparkcep.errors import EngineError, SparkcepError
 from sparkcep.runtime.cluster import REPLY_TIMEOUT_S, Starting, start_worker, wait_ready
 

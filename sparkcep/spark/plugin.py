@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sparkcep.control import discovery
+from sparkcep.gateway import discovery
 from sparkcep.errors import SparkcepError
 
 PLUGIN_CLASS = "org.sparkcep.shim.SparkcepPlugin"

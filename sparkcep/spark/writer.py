@@ -3,7 +3,7 @@
 Each task *stages* its rows in the engine under ``(writer, batch,
 partition)`` -- the streaming query's id (stable across restarts from a
 checkpoint) or a batch job's id, Spark's batch id, the task's partition --
-in chunks of a few MiB (:mod:`sparkcep.control.staging`); nothing is visible
+in chunks of a few MiB (:mod:`sparkcep.gateway.staging`); nothing is visible
 yet. When every task succeeded, ``commit`` on the driver makes the engine
 send all staged partitions as one batch, in (partition, row) order: one
 epoch, so the order in which Spark ran its tasks cannot make an event late,
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 
-from sparkcep.control.protocol import chunk_bytes, chunks
+from sparkcep.gateway.protocol import chunk_bytes, chunks
 from sparkcep.spark.connection import Target, call
 from sparkcep.spark.options import SparkSourceError
 

@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import sparkcep as cep
 from sparkcep import auth
 from sparkcep.control import metrics_cli
-from sparkcep.control.client import EngineClient
+from sparkcep.gateway.client import EngineClient
 from sparkcep.control.prometheus import exposition, serve
 from sparkcep.errors import EngineError
 

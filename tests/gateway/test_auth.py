@@ -17,8 +17,8 @@ import pytest
 
 import sparkcep as cep
 from sparkcep import auth
-from sparkcep.control import discovery, protocol
-from sparkcep.control.client import EngineClient, find_token
+from sparkcep.gateway import discovery, protocol
+from sparkcep.gateway.client import EngineClient, find_token
 
 T0 = 1_704_067_200_000_000
 PREFIX = struct.Struct(">2sBBIQ")
@@ -75,7 +75,7 @@ def test_local_json_and_token_are_private(served, home):
 def test_unauthenticated_commit_and_end_are_refused_counted_and_logged_once(served, caplog):
     """A raw `commit` released every retained row, a raw `end` broke the owner's next send (issue 16)."""
     address = served.endpoint.address
-    caplog.set_level(logging.WARNING, logger="sparkcep.control.endpoint")
+    caplog.set_level(logging.WARNING, logger="sparkcep.gateway.endpoint")
     requests = [{"op": "commit", "stream": "all", "positions": {"0": 2}, "consumer": "intruder"},
                 {"op": "end", "stream": "connections", "token": "0" * 64},
                 {"op": "commit", "stream": "all", "positions": {"0": 2}, "token": None}]

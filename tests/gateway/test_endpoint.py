@@ -10,9 +10,9 @@ import pyarrow as pa
 import pytest
 
 import sparkcep as cep
-from sparkcep.control import discovery
-from sparkcep.control.client import EngineClient, resolve
-from sparkcep.control.discovery import EngineNotFoundError
+from sparkcep.gateway import discovery
+from sparkcep.gateway.client import EngineClient, resolve
+from sparkcep.gateway.discovery import EngineNotFoundError
 from sparkcep.errors import EngineError, InputError, UnknownStreamError
 
 T0 = 1_704_067_200_000_000
@@ -115,7 +115,7 @@ def test_registered_consumer_holds_rows_before_its_first_commit(served):
 
 def test_sends_and_reads_larger_than_a_frame_are_split(served, monkeypatch):
     """A send over the payload limit is staged in pieces and taken as one engine send; reads come in pieces."""
-    from sparkcep.control import protocol
+    from sparkcep.gateway import protocol
 
     e, c = served
     monkeypatch.setattr(protocol, "MAX_PAYLOAD", 64 << 10)

@@ -19,8 +19,8 @@ import pyarrow as pa
 import pytest
 
 import sparkcep as cep
-from sparkcep.control import protocol
-from sparkcep.control.client import EngineClient
+from sparkcep.gateway import protocol
+from sparkcep.gateway.client import EngineClient
 from sparkcep.errors import InputError
 
 T0 = 1_704_067_200_000_000

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from test_staging import T0, S, _query, _same
 
 import sparkcep as cep
-from sparkcep.control.client import EngineClient
+from sparkcep.gateway.client import EngineClient
 from sparkcep.errors import InputError
 
 W = "query-f"

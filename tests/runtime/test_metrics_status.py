@@ -98,7 +98,7 @@ def _status(home) -> str:
 
 def _metric_samples(engine) -> dict[str, float]:
     """The last ``$metrics`` sample (long form), taken now, as {name: value}."""
-    from sparkcep.control.client import EngineClient
+    from sparkcep.gateway.client import EngineClient
 
     with EngineClient.connect(engine.endpoint.address) as c:
         latest = c.offsets("$metrics", interval=0)["latest"][0]

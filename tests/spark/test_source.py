@@ -90,7 +90,7 @@ def test_option_errors(spark, engine):
 def test_token_file_option(spark, engine, tmp_path):
     """An explicit token file wins over the one the engine wrote under $SPARKCEP_HOME."""
     from sparkcep import auth
-    from sparkcep.control import discovery
+    from sparkcep.gateway import discovery
 
     engine.deploy(demo_query())
     engine.send("connections", connections(5))
