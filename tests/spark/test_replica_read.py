@@ -75,7 +75,7 @@ def test_a_replica_killed_while_spark_reads_leaves_no_gap_and_no_duplicate(spark
             wait_for(lambda: all(_seen(q) for q in queries.values()) or errors, 120, "Spark to read both outputs")
             go_on.set()
             wait_for(lambda: sent[0] >= CHUNKS // 2 or errors, 60, "half of the sends")
-            firsts = dep.dedup.snapshot({})["first_copies"]
+            firsts = engine.metrics()["queries"]["demo"]["replication"]["dedup"]["first_copies"]
             leader = max((0, 1), key=lambda r: firsts.get(r, 0))  # the replica whose epochs Spark was reading
             victim = next(im for im in engine.instance_managers() if im["replica"] == leader and im["instances"])
             os.kill(victim["pid"], signal.SIGKILL)
