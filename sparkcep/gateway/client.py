@@ -6,8 +6,9 @@
 {'window_start': 'timestamp', ...}
 
 A client holds one TCP connection, opened on first use; requests on it are
-serialised by a lock, so one client may be shared by threads. Every request
-carries the engine's token (see :func:`find_token`). Errors the engine
+serialised by a lock, so one client may be shared by threads. The
+connection opens with the engine's handshake: both sides prove they hold
+the token (see :func:`find_token`), which never travels. Errors the engine
 raised come back as the same sparkcep error class with the same ``code``;
 an unreachable engine raises ``EngineNotFoundError``.
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 import uuid
 
 import cloudpickle
@@ -32,6 +34,7 @@ from sparkcep import auth
 from sparkcep.gateway import discovery
 from sparkcep.gateway.discovery import EngineNotFoundError
 from sparkcep.gateway.protocol import ProtocolError, chunk_bytes, chunks, from_ipc, recv_frame, send_frame, to_ipc
+from sparkcep.runtime.channels import hello
 
 TOKEN_FILE_ENV = "SPARKCEP_TOKEN_FILE"
 _HANG_UP = ("UNAUTHENTICATED", "FRAME_TOO_LARGE", "PROTOCOL")  # errors after which the endpoint closes
@@ -242,8 +245,7 @@ class EngineClient:
         with self._lock:
             try:
                 sock = self._socket()
-                self.token = self.token or find_token(self.address, self._token_file)
-                send_frame(sock, {"op": op, "token": self.token, **fields}, payload)
+                send_frame(sock, {"op": op, **fields}, payload)
                 reply = recv_frame(sock)
             except OSError as e:
                 self._drop()
@@ -265,10 +267,23 @@ class EngineClient:
         return header, data
 
     def _socket(self) -> socket.socket:
+        """The connection, opened with the handshake: both sides prove they hold the engine's token."""
         if self._sock is None:
             host, _, port = self.address.rpartition(":")
-            self._sock = socket.create_connection((host, int(port)), timeout=self.timeout)
-            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock = socket.create_connection((host, int(port)), timeout=self.timeout)  # unreachable: said first
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            try:
+                self.token = self.token or find_token(self.address, self._token_file)
+                answer = hello.greet(sock, {"role": hello.CLIENT}, self.token, time.monotonic() + self.timeout,
+                                     f"the engine at {self.address}")
+            except (OSError, ValueError, errors.SparkcepError):
+                sock.close()
+                raise
+            if not answer.get("ok"):
+                sock.close()
+                raise auth.AuthError(f"the engine at {self.address} refused this client: {answer.get('error')} "
+                                     "(its token is not the one this client holds)")
+            self._sock = sock
         return self._sock
 
     def _drop(self) -> None:

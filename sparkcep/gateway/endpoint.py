@@ -9,13 +9,15 @@ Spark's Python workers, the JVM plugin's instance-manager launcher and
 One thread per connection; engine calls that change state are serialised by
 :attr:`Endpoint.lock`.
 
-Every request carries the token. A request without it (or with a wrong
-one) gets the error ``UNAUTHENTICATED`` and its connection is closed before
-its payload is read; it is counted (``unauthenticated``) and logged once per
-peer host. A frame over the size limits of :mod:`sparkcep.gateway.protocol`
-gets ``FRAME_TOO_LARGE`` before anything is allocated for it, and its
-connection is closed too. Payloads are Arrow IPC, headers JSON: nothing a
-peer sends is unpickled.
+Every connection opens with the handshake every listener of the engine
+uses (:mod:`sparkcep.runtime.channels.hello`: each side proves it holds
+the token with an HMAC of both sides' nonces, the token never travels): a
+connection without the proof is refused before anything else is read,
+counted (``unauthenticated``) and logged once per peer host. A frame over
+the size limits of :mod:`sparkcep.gateway.protocol` gets
+``FRAME_TOO_LARGE`` before anything is allocated for it, and its
+connection is closed too. Payloads are Arrow IPC, headers JSON; only
+``deploy`` carries a pickle (the query), from a peer that proved the token.
 
 Operations (the ``op`` of a request):
 
@@ -72,6 +74,7 @@ from sparkcep.gateway.protocol import ProtocolError, from_ipc, read_head, read_p
 from sparkcep.gateway.staging import Staging
 from sparkcep.core.pages import scratch
 from sparkcep.errors import EngineError, InputError, SparkcepError, UnknownStreamError
+from sparkcep.runtime.channels import hello
 from sparkcep.runtime.output_log import OutputLog
 from sparkcep.schema import type_name
 
@@ -97,6 +100,7 @@ class Endpoint:
         self.counters = {"requests": 0, "rows_in": 0, "rows_out": 0, "unauthenticated": 0, "bad_frames": 0,
                          "batch_commits": 0, "committed_partitions": 0, "duplicate_batches": 0}
         self._refused_hosts: set[str] = set()
+        self.gate = hello.Gate(engine.token)
         self._server = socket.create_server((host, port))
         self.address = f"{host}:{self._server.getsockname()[1]}"
         self.token = engine.token  # the engine's: its instance managers hold the same
@@ -149,6 +153,16 @@ class Endpoint:
 
     def _serve(self, conn: socket.socket, peer: str) -> None:
         try:
+            try:
+                greeting = self.gate.accept(conn)  # the token proved before anything else is read
+            except SparkcepError:
+                self._refused(peer)
+                return
+            if greeting.role != hello.CLIENT:
+                self.gate.refuse(greeting, "this is an engine's endpoint: only clients connect to it")
+                return
+            hello.send_frame(conn, {"ok": True}, time.monotonic() + hello.HELLO_TIMEOUT_S)
+            conn.settimeout(None)
             while True:
                 try:
                     head = read_head(conn)
@@ -159,9 +173,6 @@ class Endpoint:
                 if head is None:
                     return
                 header, size = head
-                if not auth.check(self.token, header.pop("token", None)):
-                    self._refuse(conn, peer, header)
-                    return
                 payload = read_payload(conn, size, scratch)
                 try:
                     reply, data = self._dispatch(header, payload)
@@ -177,15 +188,9 @@ class Endpoint:
             self._conns.discard(conn)
             conn.close()
 
-    def _refuse(self, conn: socket.socket, peer: str, header: dict) -> None:
-        """Answer an unauthenticated request with UNAUTHENTICATED, count it, log it once per peer host."""
+    def _refused(self, peer: str) -> None:
+        """A connection that did not prove the token (the gate answered it no and logged it once per host)."""
         self.counters["unauthenticated"] += 1
-        if peer not in self._refused_hosts:
-            self._refused_hosts.add(peer)
-            log.warning("sparkcep endpoint %s refused a request without a valid token from %s (op %r); further "
-                        "refusals from %s are only counted", self.address, peer, header.get("op"), peer)
-        _reply_error(conn, auth.AuthError(f"the engine at {self.address} refuses requests without its token "
-                                          "(read from the engine's token file by its owner's clients)"))
 
     def _dispatch(self, header: dict, payload) -> tuple[dict, object]:
         self.counters["requests"] += 1

@@ -149,7 +149,7 @@ class Cluster:
         try:
             sock = socket.create_connection((host, int(port)), timeout=REPLY_TIMEOUT_S)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            answer = hello.greet(sock, {"role": hello.CONTROL}, self.token, time.monotonic() + REPLY_TIMEOUT_S,
+            answer = hello.greet(sock, {"role": hello.COMMAND}, self.token, time.monotonic() + REPLY_TIMEOUT_S,
                                  f"the instance manager at {address}")
         except (OSError, ValueError) as e:
             raise EngineError(f"cannot reach the instance manager at {address}: {e}", "WORKER_START") from None
@@ -423,7 +423,7 @@ class Cluster:
 
     def blame(self, dep, error: EngineError) -> None:
         """Fail ``dep`` with ``error`` — unless it is a channel whose peer died (PEER_DIED): then an
-        instance manager probably died, and its control connection, closing within PEER_GRACE_S, says
+        instance manager probably died, and its command connection, closing within PEER_GRACE_S, says
         which (WORKER_DIED names it); only if none does, ``error`` stands."""
         if error.code != "PEER_DIED":
             dep.fail(error)

@@ -1,4 +1,4 @@
-"""The control connection between an engine and an instance manager: a hello, then typed records.
+"""The command connection between an engine and an instance manager: a hello, then typed records.
 
 The engine connects to the instance manager's address and sends a *hello*
 (:mod:`sparkcep.runtime.channels.hello`: a JSON frame with the token and the
@@ -31,10 +31,10 @@ RECORD_LIMIT = 256 << 20  # bytes of a control record (a query with large user f
 
 
 
-class ControlError(EngineError):
-    """The control connection broke, or a peer sent something that is not a control record."""
+class CommandError(EngineError):
+    """The command connection broke, or a peer sent something that is not a control record."""
 
-    code = "CONTROL"
+    code = "COMMAND"
 
 
 @dataclass
@@ -165,7 +165,7 @@ def recv_record(sock: socket.socket):
 def _recv_frame(sock: socket.socket, limit: int) -> bytes:
     (size,) = FRAME.unpack(_recv_exact(sock, FRAME.size))
     if size > limit:
-        raise ControlError(f"a frame of {size} bytes exceeds the limit of {limit}")
+        raise CommandError(f"a frame of {size} bytes exceeds the limit of {limit}")
     return _recv_exact(sock, size)
 
 
@@ -175,7 +175,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     while got < n:
         k = sock.recv_into(view[got:], n - got)
         if k == 0:
-            raise ControlError(f"the connection closed after {got} of {n} bytes")
+            raise CommandError(f"the connection closed after {got} of {n} bytes")
         got += k
     return bytes(buf)
 
@@ -187,22 +187,22 @@ class RecordReader:
         self.sock, self.buf = sock, bytearray()
 
     def read(self) -> list:
-        """Every whole record available now; ControlError when the peer closed."""
+        """Every whole record available now; CommandError when the peer closed."""
         try:
             chunk = self.sock.recv(1 << 20)
         except (BlockingIOError, InterruptedError):
             chunk = None
         except OSError as e:
-            raise ControlError(f"the control connection broke: {e}") from None
+            raise CommandError(f"the command connection broke: {e}") from None
         if chunk == b"":
-            raise ControlError("the engine closed the control connection")
+            raise CommandError("the engine closed the command connection")
         if chunk:
             self.buf += chunk
         out = []
         while len(self.buf) >= FRAME.size:
             (size,) = FRAME.unpack_from(self.buf)
             if size > RECORD_LIMIT:
-                raise ControlError(f"a control record of {size} bytes exceeds the limit of {RECORD_LIMIT}")
+                raise CommandError(f"a control record of {size} bytes exceeds the limit of {RECORD_LIMIT}")
             if len(self.buf) < FRAME.size + size:
                 break
             out.append(pickle.loads(bytes(self.buf[FRAME.size:FRAME.size + size])))

@@ -12,7 +12,7 @@ arrived under its tickets before it consumes anything after the record.
 the same process stays an object; state for another process is pickled
 (protocol 5) and ``forward``-ed — an instance manager sends it to its engine,
 which relays it to the importing instance manager. Both are authenticated
-control connections: nothing a stranger sent is unpickled. Installs are
+command connections: nothing a stranger sent is unpickled. Installs are
 ``report``-ed to the engine, whose :class:`Board` the callers wait on.
 """
 

@@ -16,7 +16,7 @@ channel end, :mod:`sparkcep.runtime.channels`). The loop runs every hosted
 instance over its input channels, flushes what outputs could not take, and
 handles connections; when nothing moves it spins a moment, then sleeps on
 its doorbell and sockets until a peer wakes it. An engine's deployments go
-when its control connection closes; with ``--once`` the process then exits
+when its command connection closes; with ``--once`` the process then exits
 (that is how an engine's own workers end with it).
 """
 
@@ -76,7 +76,7 @@ class Hosted:
 
 @dataclass
 class Link:
-    """An engine's control connection, and the state its deployments hand over to this process."""
+    """An engine's command connection, and the state its deployments hand over to this process."""
 
     sock: socket.socket
     reader: cmd.RecordReader
@@ -85,7 +85,7 @@ class Link:
 
 
 class InstanceManager:
-    """The service: a listening socket, engines' control links, hosted deployments."""
+    """The service: a listening socket, engines' command connections, hosted deployments."""
 
     def __init__(self, name: str, server: socket.socket, token: str, once: bool = False,
                  node: int | None = None):
@@ -204,13 +204,13 @@ class InstanceManager:
             self.greeting[s] = time.monotonic() + HELLO_TIMEOUT_S
 
     def _greet(self, s: socket.socket) -> None:
-        """Read the hello of a new connection and hand it on: a control link or a channel end."""
+        """Read the hello of a new connection and hand it on: a command connection or a channel end."""
         del self.greeting[s]
         try:
             greeting = self.gate.accept(s)  # refuses, logs and counts a connection without the token
         except EngineError:
             return
-        if greeting.role == hello.CONTROL:
+        if greeting.role == hello.COMMAND:
             hello.send_frame(s, {"ok": True, "info": vars(self.info())}, time.monotonic() + HELLO_TIMEOUT_S)
             s.setblocking(True)
             s.settimeout(None)
@@ -242,7 +242,7 @@ class InstanceManager:
             self._handle(link, record)
 
     def _drop(self, link: Link) -> None:
-        """The engine closed its control link (or died): its deployments go."""
+        """The engine closed its command connection (or died): its deployments go."""
         del self.links[link.sock]
         link.sock.close()
         for key in [k for k, h in self.hosted.items() if h.link is link]:
@@ -266,7 +266,7 @@ class InstanceManager:
             elif isinstance(record, cmd.Stop):
                 self.stopping, value = True, None
             else:
-                raise EngineError(f"unknown control record {type(record).__name__}", "CONTROL")
+                raise EngineError(f"unknown command {type(record).__name__}", "COMMAND")
             self._tell(link, cmd.Reply(record.number, value))
         except Exception as e:
             code = e.code if isinstance(e, EngineError) else "INSTANCE_MANAGER"
@@ -362,7 +362,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token-file", required=True, help="file holding the token every connection must present")
     parser.add_argument("--topology", default=None, help="NUMA topology file (default: this machine's sysfs)")
     parser.add_argument("--once", action="store_true",
-                        help="exit when the first engine's control connection closes")
+                        help="exit when the first engine's command connection closes")
     parser.add_argument("--zk", default=None, metavar="HOST:PORT/PATH",
                         help="join this cluster's registry as a member (its engine host then deploys here)")
 

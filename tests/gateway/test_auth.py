@@ -1,7 +1,7 @@
-"""Only the engine's owner can use its endpoint: a token in private files, checked on every request.
+"""Only the engine's owner can use its endpoint: a token in private files, proved by every connection.
 
-The raw-socket tests speak the frame format by hand, as any other process
-of the machine could.
+The raw-socket tests speak the handshake and the frame format by hand, as
+any other process of the machine could.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import logging
 import socket
 import stat
 import struct
+import time
 
 import pyarrow as pa
 import pytest
@@ -19,6 +20,7 @@ import sparkcep as cep
 from sparkcep import auth
 from sparkcep.gateway import discovery, protocol
 from sparkcep.gateway.client import EngineClient, find_token
+from sparkcep.runtime.channels import hello
 
 T0 = 1_704_067_200_000_000
 PREFIX = struct.Struct(">2sBBIQ")
@@ -43,18 +45,21 @@ def served(home):
         yield e
 
 
-def _raw(address: str, header: dict, payload_size: int = 0) -> tuple[dict | None, bool]:
-    """Send one hand-made frame; the reply header (None if none) and whether the endpoint then hung up."""
+def _raw(address: str, header: dict, payload_size: int = 0, token: str | None = None) -> tuple[dict | None, bool]:
+    """Send one hand-made frame, after the handshake if ``token`` is given; the reply (the frame's header, or
+    the handshake's refusal) and whether the endpoint then hung up."""
     host, _, port = address.rpartition(":")
     with socket.create_connection((host, int(port)), timeout=10) as s:
+        if token is not None:
+            assert hello.greet(s, {"role": hello.CLIENT}, token, time.monotonic() + 10, address)["ok"]
         head = json.dumps(header).encode()
         s.sendall(PREFIX.pack(b"UC", protocol.VERSION, 0, len(head), payload_size) + head)
-        reply = protocol.recv_frame(s)
+        reply = protocol.recv_frame(s)[0] if token is not None else hello.read_frame(s, time.monotonic() + 10)
         try:
             closed = s.recv(1) == b""
         except ConnectionResetError:  # closed with bytes of ours unread
             closed = True
-    return (reply[0] if reply else None), closed
+    return reply, closed
 
 
 def _mode(path) -> int:
@@ -73,32 +78,37 @@ def test_local_json_and_token_are_private(served, home):
 
 
 def test_unauthenticated_commit_and_end_are_refused_counted_and_logged_once(served, caplog):
-    """A raw `commit` released every retained row, a raw `end` broke the owner's next send (issue 16)."""
+    """A raw `commit` released every retained row, a raw `end` broke the owner's next send (issue 16):
+    now a connection that does not prove the token is refused before any frame of it is read."""
     address = served.endpoint.address
-    caplog.set_level(logging.WARNING, logger="sparkcep.gateway.endpoint")
+    caplog.set_level(logging.WARNING, logger="sparkcep.runtime.channels.hello")
     requests = [{"op": "commit", "stream": "all", "positions": {"0": 2}, "consumer": "intruder"},
                 {"op": "end", "stream": "connections", "token": "0" * 64},
                 {"op": "commit", "stream": "all", "positions": {"0": 2}, "token": None}]
     for header in requests:
         reply, closed = _raw(address, header)
-        assert reply["ok"] is False and reply["error"]["code"] == "UNAUTHENTICATED"
+        assert reply["ok"] is False and "hello" in reply["error"]
         assert closed
-    assert served.endpoint.counters["unauthenticated"] == 3
+    with pytest.raises(auth.AuthError) as err:  # a handshake with another token: neither side trusts the other
+        EngineClient(address, token="0" * 64).hello()
+    assert err.value.code == "UNAUTHENTICATED"
+    assert served.endpoint.counters["unauthenticated"] == 4
     assert served.collect("all").num_rows == 2  # nothing released
     assert served.send("connections", pa.table({"ip": ["c"], "ts": pa.array([T0 + 2], pa.timestamp("us")),
                                                 "bytes": [3]})) == 1  # the stream did not end
-    refusals = [r for r in caplog.records if "without a valid token" in r.getMessage()]
+    refusals = [r for r in caplog.records if "refused a connection" in r.getMessage()]
     assert len(refusals) == 1 and "127.0.0.1" in refusals[0].getMessage()
 
 
 def test_oversized_frames_are_refused_before_allocating(served):
     address = served.endpoint.address
     token = auth.read(discovery.token_file(address))
-    reply, closed = _raw(address, {"op": "send", "stream": "connections", "token": token}, payload_size=1 << 62)
+    reply, closed = _raw(address, {"op": "send", "stream": "connections"}, payload_size=1 << 62, token=token)
     assert reply["error"]["code"] == "FRAME_TOO_LARGE" and f"{protocol.MAX_PAYLOAD:,}" in reply["error"]["message"]
     assert closed
     host, _, port = address.rpartition(":")
     with socket.create_connection((host, int(port)), timeout=10) as s:  # a header length of 4 GiB - 1
+        assert hello.greet(s, {"role": hello.CLIENT}, token, time.monotonic() + 10, address)["ok"]
         s.sendall(PREFIX.pack(b"UC", protocol.VERSION, 0, (1 << 32) - 1, 0))
         assert protocol.recv_frame(s)[0]["error"]["code"] == "FRAME_TOO_LARGE"
     assert served.endpoint.counters["bad_frames"] == 2

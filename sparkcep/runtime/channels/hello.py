@@ -1,4 +1,4 @@
-"""The handshake that opens every connection to a service of the engine: channels and control links.
+"""The handshake that opens every connection to a service of the engine: channels and command connections.
 
 A channel address ``tcp:HOST:PORT/CHANNEL_ID`` names a service (an instance
 manager) listening on HOST:PORT and one of its channels. The handshake is
@@ -7,7 +7,7 @@ token never travels in it, so a peer that does not hold it learns nothing:
 
 1. the connecting side says who it is: ``{"channel", "role", "capacity",
    "nonce"}`` — its role (``producer``, ``consumer``, or ``control`` for an
-   engine's control link, which has no channel), the capacity when it is the
+   engine's command connection, which has no channel), the capacity when it is the
    producer, and a fresh random nonce;
 2. the service proves it holds the token: ``{"nonce", "proof"}``, an HMAC
    of both nonces under the token;
@@ -21,7 +21,7 @@ connecting side of a service without the token gets AuthError too. A
 verified channel :class:`Hello` goes to the end the service created for the
 channel, which answers ``{"ok": true, "capacity"}``
 (:meth:`sparkcep.runtime.channels.tcp.TcpProducer.attach`); an instance
-manager answers a control link with its description. Nothing here is
+manager answers a command connection with its description. Nothing here is
 unpickled: frames are JSON, and nothing is unpickled from a peer before
 both proofs passed.
 """
@@ -44,7 +44,8 @@ from sparkcep.errors import EngineError
 log = logging.getLogger(__name__)
 
 ROLES = ("producer", "consumer")
-CONTROL = "control"  # the role of an engine's control connection to an instance manager
+COMMAND = "command"  # the role of an engine's command connection to an instance manager
+CLIENT = "client"  # the role of a client of an engine's endpoint (sparkcep.gateway)
 HELLO_MAX = 4096  # bytes of a hello or its answer
 HELLO_TIMEOUT_S = 5.0
 FRAME = struct.Struct("<I")  # the JSON's length
@@ -113,11 +114,12 @@ def read_frame(sock: socket.socket, deadline: float) -> dict:
 def _hello_fields(fields: dict) -> tuple[str, str, int | None]:
     """(channel, role, capacity) of a hello; ValueError when one is missing or malformed.
 
-    An engine's control connection to an instance manager says role ``control`` and no channel.
+    An engine's command connection to an instance manager (role ``command``) and a client of an
+    engine's endpoint (role ``client``) name no channel.
     """
     channel, role, capacity = fields.get("channel"), fields.get("role"), fields.get("capacity")
-    if role == CONTROL:
-        return "", CONTROL, None
+    if role in (COMMAND, CLIENT):
+        return "", role, None
     if not isinstance(channel, str) or not 0 < len(channel) <= 256:
         raise ValueError(f"channel {channel!r}: expected a string of 1-256 characters")
     if role not in ROLES:
@@ -182,6 +184,7 @@ class Gate:
     def __init__(self, token: str, timeout: float = HELLO_TIMEOUT_S):
         self.token, self.timeout = token, timeout
         self.refused = 0
+        self._logged: set[str] = set()  # peer hosts whose refusals were logged (later ones are only counted)
 
     def accept(self, sock: socket.socket) -> Hello:
         """Read and check the hello on ``sock`` (at most ``timeout`` s); a :class:`Hello` if it is right.
@@ -226,12 +229,17 @@ class Gate:
 
     def _refuse(self, sock: socket.socket, peer: str, reason: str, answer: str | None = None) -> None:
         self.refused += 1
-        say_no(sock, peer, reason, answer)
+        host = peer.rpartition(":")[0] or peer
+        say_no(sock, peer, reason, answer, quiet=host in self._logged)
+        self._logged.add(host)
 
 
-def say_no(sock: socket.socket, peer: str, reason: str, answer: str | None = None) -> None:
-    """Log a refused connection, tell the peer (``answer``, else ``reason``) and close it."""
-    log.warning("refused a channel connection from %s: %s", peer, reason)
+def say_no(sock: socket.socket, peer: str, reason: str, answer: str | None = None, quiet: bool = False) -> None:
+    """Log a refused connection (unless ``quiet``: its host's first refusal was), tell the peer (``answer``,
+    else ``reason``) and close it."""
+    if not quiet:
+        log.warning("refused a connection from %s: %s (further refusals from its host are only counted)", peer,
+                    reason)
     try:
         send_frame(sock, {"ok": False, "error": answer or reason}, time.monotonic() + 1.0)
     except OSError:
