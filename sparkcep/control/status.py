@@ -129,7 +129,9 @@ def render_migrations(m: dict) -> list[str]:
         lines.append(f"  {_clock(r.get('finished'))} {q}.{r['operator']}: {r['kind']} ({r['strategy']}), {_report(r)}")
     b = m.get("balancer")
     if b:
-        busy = ", ".join(f"{name} {share:.0%}" for name, share in sorted(b.get("busy", {}).items()))
+        queued = b.get("queued_bytes", {})
+        busy = ", ".join(f"{name} {share:.0%}" + (f" ({_bytes(queued[name])} queued)" if queued.get(name) else "")
+                         for name, share in sorted(b.get("busy", {}).items()))
         busy = busy or "not sampled yet"
         lines.append(f"balancer (queries {', '.join(b.get('watched', [])) or 'none'}): busy {busy}")
         decisions = b.get("decisions", [])

@@ -453,7 +453,9 @@ def series(m: dict) -> dict:
     """A metrics snapshot with its lists turned into what a time series of numbers can show:
     ``migrations.<query>.<operator>.running.*`` (bins done and planned, steps: the migration under way),
     ``migrations.<query>.<operator>.last.*`` (the figures of the last one finished, ``finished`` its Unix
-    time) and ``balancer.decisions`` / ``balancer.deciding`` (decisions kept, one under way: 0 or 1)."""
+    time), ``balancer.busy.<im>`` / ``balancer.queued_bytes.<im>`` (each instance manager's busy share and
+    input waiting, last sample) and ``balancer.decisions`` / ``balancer.deciding`` (decisions kept, one under
+    way: 0 or 1)."""
     out = dict(m)
     migrations = {}
     for q, mig in (m.get("migrations") or {}).items():
@@ -469,7 +471,8 @@ def series(m: dict) -> dict:
     balancer = m.get("balancer")
     if balancer:
         decisions = balancer.get("decisions", [])
-        out["balancer"] = {"busy": balancer.get("busy", {}), "decisions": len(decisions),
+        out["balancer"] = {"busy": balancer.get("busy", {}), "queued_bytes": balancer.get("queued_bytes", {}),
+                           "decisions": len(decisions),
                            "deciding": sum(1 for d in decisions if d.get("state") == "running")}
     return out
 
