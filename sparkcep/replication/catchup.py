@@ -103,8 +103,9 @@ def rebuild(rs, r: int, cluster, lock, changes) -> None:
                 if exports:
                     survivor.control(*exports)
                 lost.rejoin(survivor)
-                lost.cut_over(gen, imports, retire=False)
+                dead = lost.cut_over(gen, imports, retire=False)
                 rs.states[r] = CATCHING_UP
+            lost.drop(dead)  # its parts on live instance managers go, off the send path
             entry["bytes"] = lost.await_handoffs(tickets)
             rs.states[r] = RUNNING
             entry["duration_s"] = round(time.monotonic() - t0, 6)

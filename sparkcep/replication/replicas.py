@@ -62,7 +62,7 @@ class ReplicaSet:
             if self.states[r] == FAILED:
                 return
             self.states[r] = FAILED
-            survivors = self.fed()
+            survivors = self.running()  # one catching up cannot carry the query: its source is gone
             self.failovers.append({"time": time.time(), "replica": r, "error": str(error), "code": error.code})
         if not survivors:
             self.fail(error)

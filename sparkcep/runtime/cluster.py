@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import select
 import shutil
 import signal
@@ -100,6 +101,9 @@ class Cluster:
         self._suspects: dict[str, tuple[float, EngineError, object]] = {}
         self._numbers = iter(range(1, 1 << 62))
         self._closed = False
+        self._relays: queue.SimpleQueue = queue.SimpleQueue()  # (sender, Handoff) to pass on
+        self._relayer = threading.Thread(target=self._relay_loop, name="sparkcep-relay", daemon=True)
+        self._relayer.start()
         self._thread = threading.Thread(target=self._collect, name="sparkcep-collector", daemon=True)
         self._thread.start()
 
@@ -396,7 +400,7 @@ class Cluster:
                     self.blame(dep, EngineError(record.message, record.code))
                 continue
             if isinstance(record, cmd.Handoff):
-                self._relay(im, record)
+                self._relays.put((im, record))
                 continue
             if isinstance(record, cmd.Installed):
                 self.board.installed(record.ticket, record.nbytes)
@@ -406,6 +410,11 @@ class Cluster:
                 if slot is not None:
                     slot.append(record)
                 self.progress.notify_all()
+
+    def _relay_loop(self) -> None:
+        """Pass handed-over state on, off the collector thread (which keeps publishing outputs meanwhile)."""
+        while (item := self._relays.get()) is not None:
+            self._relay(*item)
 
     def _relay(self, sender: InstanceManagerLink, record: cmd.Handoff) -> None:
         """State one instance manager hands to an instance on another: pass it on, unread."""
@@ -484,6 +493,7 @@ class Cluster:
                     im.process.wait(2)
                 if im.process.stdout is not None:
                     im.process.stdout.close()
+        self._relays.put(None)
         if getattr(self, "_thread", None) is not None:
             with self.progress:
                 self.progress.notify_all()

@@ -10,11 +10,13 @@ the query, whose user functions need cloudpickle). Each request has a
 :class:`Refused`, and reports on its own a deployment that failed
 (:class:`Failed`), hands state over between instances (:class:`Handoff`, relayed
 by the engine) and says when it installed some (:class:`Installed`). Frames
-are ``length u32 | body``, with size limits.
+are ``record length u32 | payload length u64 | pickled record | payload``
+(the state of a handoff, never unpickled on the way), with size limits.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import socket
 import struct
@@ -26,8 +28,9 @@ from sparkcep.errors import EngineError
 from sparkcep.runtime.layout import Endpoint
 from sparkcep.runtime.wiring import ChannelPlan
 
-FRAME = struct.Struct("<I")
-RECORD_LIMIT = 256 << 20  # bytes of a control record (a query with large user functions fits)
+FRAME = struct.Struct("<IQ")  # the pickled record's length, its payload's length
+RECORD_LIMIT = 256 << 20  # bytes of a command (a query with large user functions fits)
+PAYLOAD_LIMIT = 1 << 36  # bytes of the state a handoff carries
 
 
 
@@ -117,12 +120,13 @@ class Refused:
 @dataclass
 class Handoff:
     """State an instance of generation ``deployment`` hands to the process ``host`` under ``ticket``
-    (:mod:`sparkcep.runtime.handoff`): pickled, sent to the engine, which passes it on unread."""
+    (:mod:`sparkcep.runtime.handoff`): pickled by its sender, it travels after the record as the frame's
+    payload, and the engine passes it on unread."""
 
     deployment: str
     ticket: str
     host: str
-    blob: bytes
+    blob: bytes | bytearray | None = None
 
 
 @dataclass
@@ -152,59 +156,87 @@ def pickled(query) -> bytes:
 
 
 def send_record(sock: socket.socket, record) -> None:
-    """Send one record (blocking)."""
+    """Send one record (blocking); a :class:`Handoff`'s state follows it as the frame's payload, unpickled."""
+    payload = b""
+    if isinstance(record, Handoff):
+        payload, record = record.blob, dataclasses.replace(record, blob=None)
     body = pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
-    sock.sendall(FRAME.pack(len(body)) + body)
-
-
-def recv_record(sock: socket.socket):
-    """One record (blocking) from an authenticated peer."""
-    return pickle.loads(_recv_frame(sock, RECORD_LIMIT))
-
-
-def _recv_frame(sock: socket.socket, limit: int) -> bytes:
-    (size,) = FRAME.unpack(_recv_exact(sock, FRAME.size))
-    if size > limit:
-        raise CommandError(f"a frame of {size} bytes exceeds the limit of {limit}")
-    return _recv_exact(sock, size)
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        k = sock.recv_into(view[got:], n - got)
-        if k == 0:
-            raise CommandError(f"the connection closed after {got} of {n} bytes")
-        got += k
-    return bytes(buf)
+    sock.sendall(FRAME.pack(len(body), len(payload)) + body)
+    if payload:
+        sock.sendall(payload)
 
 
 class RecordReader:
-    """Records from a non-blocking socket, as they arrive (an instance manager reads its engines so)."""
+    """Records from a socket, as they arrive: each call takes what is there now without waiting (an
+    instance manager and the engine read each other so). A payload is read straight into a buffer of
+    its size, however many calls that takes."""
 
     def __init__(self, sock: socket.socket):
         self.sock, self.buf = sock, bytearray()
+        self._record = None  # a record whose payload is being read
+        self._payload: bytearray | None = None
+        self._got = 0
 
     def read(self) -> list:
-        """Every whole record available now; CommandError when the peer closed."""
+        """Every whole record available now; CommandError when the peer closed or broke the framing."""
+        out = []
+        if self._payload is not None:
+            if not self._fill():
+                return out
+            out.append(self._finish())
+        chunk = self._recv()
+        if chunk:
+            self.buf += chunk
+        while len(self.buf) >= FRAME.size:
+            size, payload = FRAME.unpack_from(self.buf)
+            if size > RECORD_LIMIT or payload > PAYLOAD_LIMIT:
+                raise CommandError(f"a command of {size} bytes with a payload of {payload} exceeds the limits "
+                                   f"({RECORD_LIMIT}, {PAYLOAD_LIMIT})")
+            if len(self.buf) < FRAME.size + size:
+                break
+            record = pickle.loads(bytes(self.buf[FRAME.size:FRAME.size + size]))
+            del self.buf[:FRAME.size + size]
+            if not payload:
+                out.append(record)
+                continue
+            self._record, self._payload = record, bytearray(payload)
+            self._got = min(payload, len(self.buf))
+            self._payload[:self._got] = self.buf[:self._got]
+            del self.buf[:self._got]
+            if not self._fill():
+                break
+            out.append(self._finish())
+        return out
+
+    def _recv(self) -> bytes | None:
         try:
-            chunk = self.sock.recv(1 << 20)
+            chunk = self.sock.recv(1 << 20, socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
-            chunk = None
+            return None
         except OSError as e:
             raise CommandError(f"the command connection broke: {e}") from None
         if chunk == b"":
-            raise CommandError("the engine closed the command connection")
-        if chunk:
-            self.buf += chunk
-        out = []
-        while len(self.buf) >= FRAME.size:
-            (size,) = FRAME.unpack_from(self.buf)
-            if size > RECORD_LIMIT:
-                raise CommandError(f"a control record of {size} bytes exceeds the limit of {RECORD_LIMIT}")
-            if len(self.buf) < FRAME.size + size:
-                break
-            out.append(pickle.loads(bytes(self.buf[FRAME.size:FRAME.size + size])))
-            del self.buf[:FRAME.size + size]
-        return out
+            raise CommandError("the peer closed the command connection")
+        return chunk
+
+    def _fill(self) -> bool:
+        """Read what the socket holds of the payload under way, without waiting; True once it is whole."""
+        view = memoryview(self._payload)
+        while self._got < len(view):
+            try:
+                n = self.sock.recv_into(view[self._got:], len(view) - self._got, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return False
+            except OSError as e:
+                raise CommandError(f"the command connection broke: {e}") from None
+            if n == 0:
+                raise CommandError("the peer closed the command connection in the middle of a payload")
+            self._got += n
+        return True
+
+    def _finish(self):
+        """The record whose payload is whole, carrying it."""
+        record = self._record
+        record.blob = self._payload
+        self._record, self._payload = None, None
+        return record

@@ -257,16 +257,17 @@ class Deployment:
         """
         return self._generation(dict(parallelism), placement)
 
-    def cut_over(self, gen: Generation, imports=(), retire: bool = True) -> None:
+    def cut_over(self, gen: Generation, imports=(), retire: bool = True) -> Generation | None:
         """From the open epoch on, ``gen`` runs the deployment.
 
         Call it holding :attr:`lock`, right after sending the ``Export`` records
         whose tickets ``imports`` name (into this deployment, or into a replica
         of it): the running generation passes a ``Retire`` (unless it died:
-        ``retire=False``, and its feeds are dropped), ``gen`` gets the
+        ``retire=False``, and its feeds are dropped; it is returned, for the
+        caller to :meth:`drop` once it released the lock), ``gen`` gets the
         ``imports`` first, and the sink reads ``gen``'s outputs from this epoch on.
         """
-        old = self.gen
+        old, dead = self.gen, None
         if retire:
             record = Retire(0, 0)
             self._stamp(record)
@@ -274,7 +275,7 @@ class Deployment:
             self.retiring.append(old)
         else:
             self.sink.drop(old.feeds, self.epoch - 1)
-            old.close()
+            dead = old
         for record in imports:
             self._stamp(record)
             gen.source_router.control(record)
@@ -283,6 +284,7 @@ class Deployment:
         owners = {op: t.owners.tolist() for op, t in self.tables.items()}
         self.tables = bin_tables(gen.layout, self.bins, owners)
         self._run()
+        return dead
 
     def rejoin(self, other: "Deployment") -> None:
         """Take the progress of ``other``, a replica of this deployment that ran on while this one was
@@ -308,7 +310,7 @@ class Deployment:
                 for g in done:
                     self.retiring.remove(g)
             for g in done:
-                self._drop_generation(g)
+                self.drop(g)
             if not self.retiring:
                 return
             self.check()
@@ -317,7 +319,8 @@ class Deployment:
                                   f"retire within {timeout:.0f} s", "RETIRE_TIMEOUT")
             time.sleep(0.005)
 
-    def _drop_generation(self, gen: Generation) -> None:
+    def drop(self, gen: Generation) -> None:
+        """Undeploy a generation that no longer runs the deployment."""
         gen.close()
 
     def bin_owners(self, operator: str) -> list[int]:

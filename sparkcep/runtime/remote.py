@@ -110,7 +110,7 @@ class RemoteDeployment(Deployment):
                                 wire=wire, assignment=dict(placement), names={i: ims[i].name for i in hosts},
                                 ends=ends, cluster=cluster)
 
-    def _drop_generation(self, gen: Generation) -> None:
+    def drop(self, gen: Generation) -> None:
         with self.sink_lock:
             gen.close()
         self.cluster.wires.pop(gen.wire, None)
