@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import re
 
-from sparkcep.control.registry.base import MAX_DOCUMENT, Registry, RegistryError, State, Transaction, Watch
+from sparkcep.control.registry.base import Registry, Transaction, Watch
 from sparkcep.control.registry.embedded import EmbeddedRegistry, Store
 from sparkcep.control.registry.lease import Lease
+from sparkcep.control.registry.nodes import MAX_DOCUMENT, RegistryError, State
 from sparkcep.control.registry.zk import ZkRegistry
 
 __all__ = ["MAX_DOCUMENT", "EmbeddedRegistry", "Lease", "Registry", "RegistryError", "State", "Store",

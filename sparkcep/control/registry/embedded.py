@@ -16,8 +16,8 @@ import threading
 from typing import Callable
 
 from sparkcep.arguments import checked
-from sparkcep.control.registry.base import (Op, Registry, RegistryError, State, Watch, ancestors, check_path,
-                                            decode, log, node_error, parent)
+from sparkcep.control.registry.base import Op, Registry, Watch, log
+from sparkcep.control.registry.nodes import RegistryError, State, ancestors, check_path, decode, node_error, parent
 
 
 class _Node:

@@ -21,10 +21,10 @@ import threading
 import uuid
 from typing import Callable
 
-from sparkcep.control.registry.base import LEASES, Registry, RegistryError, State, check_path, sequence_number
+from sparkcep.control.registry.nodes import LEASES, RegistryError, State, check_path, sequence_number
 
 
-def holder(registry: Registry, name: str) -> str | None:
+def holder(registry, name: str) -> str | None:
     """The identity in the lowest node of lease ``name``, or None if nobody holds it."""
     folder = check_path(f"{LEASES}/{name}")
     for _ in range(10):  # the first node may go between the listing and the read
@@ -45,7 +45,7 @@ class Lease:
     :meth:`acquire` or :meth:`contend` again to rejoin.
     """
 
-    def __init__(self, registry: Registry, name: str, identity: str, on_lost: Callable[[], object] | None = None):
+    def __init__(self, registry, name: str, identity: str, on_lost: Callable[[], object] | None = None):
         self.registry, self.name, self.identity = registry, name, identity
         self.folder = check_path(f"{LEASES}/{name}")
         self._on_lost = on_lost

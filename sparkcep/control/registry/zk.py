@@ -25,8 +25,8 @@ from kazoo.protocol.states import Callback
 from kazoo.retry import KazooRetry, RetryFailedError
 
 from sparkcep.arguments import checked
-from sparkcep.control.registry.base import (Op, Registry, RegistryError, State, Watch, ancestors, check_path,
-                                            decode, log, node_error)
+from sparkcep.control.registry.base import Op, Registry, Watch, log
+from sparkcep.control.registry.nodes import RegistryError, State, ancestors, check_path, decode, node_error
 
 _CODES = ((NoNodeError, "NO_NODE"), (NodeExistsError, "NODE_EXISTS"), (NotEmptyError, "NOT_EMPTY"),
           (NoChildrenForEphemeralsError, "EPHEMERAL_PARENT"))
