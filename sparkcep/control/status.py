@@ -37,35 +37,27 @@ def run(args) -> int:
     from sparkcep.gateway.client import EngineClient
 
     if args.zk:
-        return _cluster(args)
-    try:
-        with EngineClient.connect(args.engine, timeout=30) as client:
-            while True:
-                hello, metrics = client.hello(), client.metrics()
-                if args.json:
-                    print(json.dumps({"engine": hello, "metrics": metrics}, indent=1))
-                else:
-                    print(render(hello, metrics), flush=True)
-                if not args.watch:
-                    return 0
-                time.sleep(args.watch)
-                print()
-    except KeyboardInterrupt:
-        return 0
-    except SparkcepError as e:
-        print(f"sparkcep status: {e} [{e.code}]", file=sys.stderr)
-        return 1
+        from sparkcep.control import cluster_status
+        from sparkcep.control.orchestrator import zk_address
+        from sparkcep.control.registry import open_registry
 
+        def open_source():
+            return open_registry(zk_address(args.zk))
 
-def _cluster(args) -> int:
-    from sparkcep.control import cluster_status
-    from sparkcep.control.orchestrator import zk_address
-    from sparkcep.control.registry import open_registry
+        def show(registry):
+            doc = cluster_status.cluster(registry)
+            return json.dumps(doc, indent=1) if args.json else cluster_status.render(doc)
+    else:
+        def open_source():
+            return EngineClient.connect(args.engine, timeout=30)
+
+        def show(client):
+            hello, metrics = client.hello(), client.metrics()
+            return json.dumps({"engine": hello, "metrics": metrics}, indent=1) if args.json else render(hello, metrics)
     try:
-        with open_registry(zk_address(args.zk)) as registry:
+        with open_source() as source:
             while True:
-                doc = cluster_status.cluster(registry)
-                print(json.dumps(doc, indent=1) if args.json else cluster_status.render(doc), flush=True)
+                print(show(source), flush=True)
                 if not args.watch:
                     return 0
                 time.sleep(args.watch)
