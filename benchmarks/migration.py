@@ -22,10 +22,10 @@ Then, for each key count and bin count: deploy and load every key once,
 then a sender thread sends ``--rows`` random keys ``--rate`` times a second
 for the rest of the run. For each strategy: a steady window of ``--steady``
 seconds (its p99 is the "before"), then half of the bins move (Megaphone
-moves half): ``--moves one-way`` (the default) moves every bin of one
-instance to the other, the next migration moves them back; ``--moves swap``
-moves half of each instance's bins to the other one, both directions in
-the same steps. The migration's report gives its duration, max and p99
+moves half): ``--moves swap`` (the default) moves half of each instance's
+bins to the other one, both directions in the same steps, so the load stays
+even; ``--moves one-way`` moves every bin of one instance to the other, and
+the next migration moves half of them back. The migration's report gives its duration, max and p99
 latency (over ``latency_epochs`` epochs), bytes and steps. With ``--repeat
 N`` each migration runs N times; the table shows the medians. A migration
 that fails is shown with its error and the run goes on on a fresh engine.
@@ -380,8 +380,8 @@ def parse_args(argv=None):
     p.add_argument("--rate", type=float, default=150, help="sends per second during the steady run")
     p.add_argument("--rows", type=int, default=1000, help="random keys per send")
     p.add_argument("--steady", type=float, default=4.0, help="seconds of steady input before each migration")
-    p.add_argument("--moves", choices=("one-way", "swap"), default="one-way",
-                   help="one-way: one instance's bins to the other; swap: half of each instance's bins both ways")
+    p.add_argument("--moves", choices=("swap", "one-way"), default="swap",
+                   help="swap: half of each instance's bins both ways; one-way: one instance's bins to the other")
     p.add_argument("--batch", type=int, default=16, help="bins per pair of instances per step, batched")
     p.add_argument("--repeat", type=int, default=1, help="migrations per strategy (medians are shown)")
     p.add_argument("--tput-keys", default="1e6", help="key counts of the throughput by bin count (one "
