@@ -39,10 +39,12 @@ class Deployed:
         (a name from ``engine.instance_managers()``), live. Returns its report."""
         return self._migrator.move(operator, instance, to)
 
-    def rescale(self, operator: str, instances: int, strategy: str = "batched") -> dict:
+    def rescale(self, operator: str, instances: int, strategy: str = "batched", batch: int = 16,
+                gap_ms: float = 0.0) -> dict:
         """Run ``operator``'s sub-query on ``instances`` instances, live: new instances join (or surplus
-        ones leave) and the bins are spread evenly with ``strategy``. Returns its report."""
-        return self._migrator.rescale(operator, instances, strategy)
+        ones leave) and the bins are spread evenly with ``strategy`` (``batch``, ``gap_ms`` as for
+        :meth:`migrate`). Returns its report."""
+        return self._migrator.rescale(operator, instances, strategy, batch, gap_ms)
 
     def replicas(self) -> list[dict]:
         """Each replica: ``replica`` (its number), ``state`` (``"running"``, ``"failed"`` or

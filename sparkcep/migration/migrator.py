@@ -46,8 +46,7 @@ class Migrator:
         """Move bins of route-key ``operator``: ``assignment`` {bin: instance}; see :mod:`.plan`."""
         dep = self._first()
         plan.check_strategy(strategy)
-        if not isinstance(batch, int) or batch < 1:
-            raise QueryError(f"batch must be an int >= 1, got {batch!r}", "BAD_OPTION")
+        _check_batch(batch)
         table = dep._table(operator)
         if not isinstance(assignment, dict):
             raise QueryError(f"migrate() takes {{bin: instance}}, got {type(assignment).__name__}", "BAD_BIN")
@@ -71,11 +70,13 @@ class Migrator:
             watch.bins = len(_held(dep, operator, instance))
         return self._run(operator, "move", "state-transfer", run)
 
-    def rescale(self, operator: str, instances: int, strategy: str = "batched") -> dict:
+    def rescale(self, operator: str, instances: int, strategy: str = "batched", batch: int = 16,
+                gap_ms: float = 0.0) -> dict:
         """Run ``operator``'s sub-query on ``instances`` instances, live, its bins spread evenly."""
         dep = self._first()
         sq = self._subquery(dep, operator)
         plan.check_strategy(strategy)
+        _check_batch(batch)
         if not isinstance(instances, int) or isinstance(instances, bool) or instances < 1:
             raise QueryError(f"instances must be an int >= 1, got {instances!r}", "BAD_INSTANCE")
         if instances > 1 and not dep.plan.sq_of[operator].parallelizable:
@@ -89,7 +90,7 @@ class Migrator:
                 for d in reps:
                     switch(d, self.lock, {**d.parallelism, sq: instances}, self._grown(d, sq, instances), watch)
             new = plan.even_owners(reps[0].bin_owners(operator), instances)
-            self._bins(operator, new, strategy, 16, 0.0, watch)
+            self._bins(operator, new, strategy, batch, gap_ms / 1e3, watch)
             if instances < n:  # the instances left over hold no bins now
                 for d in reps:
                     placement = None if self.cluster is None else {
@@ -170,6 +171,11 @@ class Migrator:
             running = [{"operator": op, "kind": w.kind, "strategy": w.strategy, "bins": w.bins,
                         "planned_bins": getattr(w, "total", None), "steps": w.steps} for op, w in self.running.items()]
         return {"running": running, "finished": list(self.reports)}
+
+
+def _check_batch(batch) -> None:
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        raise QueryError(f"batch must be an int >= 1, got {batch!r}", "BAD_OPTION")
 
 
 def _held(dep, operator: str, instance: int) -> list[int]:

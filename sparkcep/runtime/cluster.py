@@ -100,7 +100,7 @@ class Cluster:
         # deployment -> (when, a PEER_DIED error, the generation it concerns)
         self._suspects: dict[str, tuple[float, EngineError, object]] = {}
         self._numbers = iter(range(1, 1 << 62))
-        self._closed = False
+        self._closed = self._closing = False
         self._relays: queue.SimpleQueue = queue.SimpleQueue()  # (sender, Handoff) to pass on
         self._relayer = threading.Thread(target=self._relay_loop, name="sparkcep-relay", daemon=True)
         self._relayer.start()
@@ -473,11 +473,12 @@ class Cluster:
 
     def close(self) -> None:
         """Stop the instance managers this engine started (politely, then by force), leave the others."""
-        if self._closed:
+        if self._closed or self._closing:
             return
-        self._closed = True
-        for dep in list(self.deployments.values()):
+        self._closing = True
+        for dep in list(self.deployments.values()):  # the collector still reads the replies meanwhile
             dep.close()
+        self._closed = True
         for im in self.ims:
             try:
                 im.sock.close()  # ours exit with --once; the others drop this engine's deployments

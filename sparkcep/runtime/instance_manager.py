@@ -58,6 +58,7 @@ log = logging.getLogger("sparkcep")
 SPIN_S = 100e-6     # busy-poll this long after the last message before sleeping
 SLEEP_S = 0.2       # longest sleep: bounds a missed wake-up
 CONTROL_EVERY = 32  # loop turns between looks at the connections while busy
+LOOK_EVERY_S = 0.05  # and at most this long: a saturated one still answers its engine (metrics, commands)
 HELLO_TIMEOUT_S = 5.0  # a new connection must say hello within this long
 
 
@@ -111,7 +112,7 @@ class InstanceManager:
 
     # --- the loop ----------------------------------------------------------------------
     def loop(self) -> None:
-        turns, idle_since = 0, None
+        turns, idle_since, looked = 0, None, time.perf_counter()
         while not self.stopping:
             work, t0 = 0, time.perf_counter_ns()
             for h in list(self.hosted.values()):
@@ -121,8 +122,9 @@ class InstanceManager:
             if work:
                 self.busy_ns += time.perf_counter_ns() - t0
                 idle_since = None
-                if turns % CONTROL_EVERY == 0:
+                if turns % CONTROL_EVERY == 0 or time.perf_counter() - looked > LOOK_EVERY_S:
                     self._io(0)
+                    looked = time.perf_counter()
                 continue
             now = time.perf_counter()
             if idle_since is None:
