@@ -455,7 +455,8 @@ def series(m: dict) -> dict:
     ``migrations.<query>.<operator>.last.*`` (the figures of the last one finished, ``finished`` its Unix
     time), ``balancer.busy.<im>`` / ``balancer.queued_bytes.<im>`` (each instance manager's busy share and
     input waiting, last sample) and ``balancer.decisions`` / ``balancer.deciding`` (decisions kept, one under
-    way: 0 or 1)."""
+    way: 0 or 1), ``replication.<query>.*`` (replicas running, catching up, failed; failovers and catch-ups
+    so far, the last catch-up's duration and bytes)."""
     out = dict(m)
     migrations = {}
     for q, mig in (m.get("migrations") or {}).items():
@@ -468,6 +469,17 @@ def series(m: dict) -> dict:
         if ops:
             migrations[q] = ops
     out["migrations"] = migrations
+    replication = {}
+    for q, d in (m.get("queries") or {}).items():
+        rep = d.get("replication")
+        if rep:
+            states = [r["state"] for r in rep["replicas"]]
+            done = [c for c in rep["catchups"] if "duration_s" in c]
+            replication[q] = {"running": states.count("running"), "catching_up": states.count("catching-up"),
+                              "failed": states.count("failed"), "failovers": len(rep["failovers"]),
+                              "catchups": len(done), **({"last_catchup_s": done[-1]["duration_s"],
+                                                        "last_catchup_bytes": done[-1]["bytes"]} if done else {})}
+    out["replication"] = replication
     balancer = m.get("balancer")
     if balancer:
         decisions = balancer.get("decisions", [])
