@@ -92,6 +92,9 @@ def test_unauthenticated_commit_and_end_are_refused_counted_and_logged_once(serv
     with pytest.raises(auth.AuthError) as err:  # a handshake with another token: neither side trusts the other
         EngineClient(address, token="0" * 64).hello()
     assert err.value.code == "UNAUTHENTICATED"
+    deadline = time.monotonic() + 5  # the endpoint's thread counts it once it saw the connection close
+    while served.endpoint.counters["unauthenticated"] < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert served.endpoint.counters["unauthenticated"] == 4
     assert served.collect("all").num_rows == 2  # nothing released
     assert served.send("connections", pa.table({"ip": ["c"], "ts": pa.array([T0 + 2], pa.timestamp("us")),

@@ -240,7 +240,7 @@ def test_a_peer_without_the_token_is_refused_logged_and_counted(service, caplog,
     assert e.value.code == "UNAUTHENTICATED" and gate.refused == 1
     if proof is not None:
         assert reply.result(10) == {"ok": False, "error": "unauthenticated"}
-    assert "refused a channel connection from 127.0.0.1" in caplog.text
+    assert "refused a connection from 127.0.0.1" in caplog.text
     assert right not in caplog.text
     # through connect() with another token: the service's proof fails first, the connecting side says so
     refused = in_background(tcp.connect, f"{address}/c", "producer", "wrong")
