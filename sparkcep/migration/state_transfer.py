@@ -14,7 +14,7 @@
 4. The new instances install, then consume what waited for them; the old
    generation drains into the sink and is undeployed.
 
-The same switch adds or removes instances (:mod:`sparkcep.migration.rescale`).
+The same switch adds or removes instances (:meth:`~sparkcep.migration.migrator.Migrator.rescale`).
 """
 
 from __future__ import annotations

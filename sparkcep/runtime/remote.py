@@ -111,8 +111,11 @@ class RemoteDeployment(Deployment):
                                 ends=ends, cluster=cluster)
 
     def drop(self, gen: Generation) -> None:
-        with self.sink_lock:
-            gen.close()
+        # the sink reads none of its feeds any more; the collector thread, which reads the instance
+        # managers' replies to the undeploy, must not wait for sink_lock meanwhile
+        self.cluster.undeploy(gen.wire, gen.hosts)
+        with self.sink_lock:  # a poll that began before its feeds left the sink is over
+            gen.ends.close()
         self.cluster.wires.pop(gen.wire, None)
 
     @property

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -119,3 +120,24 @@ def network_engine(tmp_path_factory):
 def test_migrations_over_the_network_channel_change_no_row(p, data, network_engine):
     p["name"] = "mig_net"
     check(network_engine, p, data, [im["name"] for im in network_engine.instance_managers()])
+
+
+def test_a_generation_switch_on_worker_processes_does_not_stall_the_outputs(worker_engines):
+    """Dropping the generation a State Transfer replaced waits for the instance managers' replies, which
+    the collector thread reads: it once held the sink's lock meanwhile, and every move or rescale on worker
+    processes stalled the outputs for the 5 s the undeploy waits."""
+    engine = worker_engines(3)
+    q = cep.Query("switch_stall")
+    s = q.stream("ev", "k int64, ts timestamp")
+    q.output("counts", s.aggregate(cep.Running(), by="k", n=cep.count(), name="agg"))
+    dep = engine.deploy(q, parallelism=2, bins=BINS)
+    try:
+        for i in range(3):
+            engine.send("ev", {"k": np.arange(100), "ts": np.full(100, i, "datetime64[s]")})
+        reports = [dep.rescale("agg", 3), dep.move("agg", 0, engine.instance_managers()[2]["name"])]
+        engine.send("ev", {"k": np.arange(100), "ts": np.full(100, 9, "datetime64[s]")})
+        dep.wait()
+        assert [r["duration_s"] < 4 for r in reports] == [True, True], reports
+        assert engine.outputs["counts"].rows == 400
+    finally:
+        engine.undeploy("switch_stall")
