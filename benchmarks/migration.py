@@ -292,9 +292,15 @@ def print_targets(results: list[dict], throughputs: dict[int, dict[int, float]])
                 got[label] = v
         return got, ", ".join(text), len(text)
 
-    keys = sorted({r["keys"] for r in results})
-    bins = sorted({r["bins"] for r in results})
     print("\ntargets")
+    for k, t in throughputs.items():
+        lo, hi = min(t), max(t)
+        if lo != hi:
+            cost = 1 - t[hi] / t[lo]
+            print(f"  {hi} bins cost under 10% of the throughput of {lo} bins ({k:,} keys): {t[lo]:,.0f} vs "
+                  f"{t[hi]:,.0f} rows/s, cost {cost:.1%}: {verdict(cost < 0.10)}")
+    if not results:
+        return
     at_1e6 = [(f"{r['bins']} bins", r) for r in sorted(results, key=lambda r: r["bins"]) if r["keys"] == 1_000_000]
     for s in ("all-at-once", "batched"):
         got, text, n = figures(at_1e6, s, "duration_s", " s", ".3f")
@@ -303,7 +309,7 @@ def print_targets(results: list[dict], throughputs: dict[int, dict[int, float]])
                   f"{verdict(len(got) == n and max(got.values()) < 1.0)}")
     if not at_1e6:
         print("  10^6 keys move in under 1 s: not measured (no 1e6 in --keys)")
-    top = bins[-1]
+    top = max(r["bins"] for r in results)
     at_top = [(f"{r['keys']:.0e} keys", r) for r in sorted(results, key=lambda r: r["keys"]) if r["bins"] == top]
     for s in ("fluid", "batched", "all-at-once"):
         got, text, n = figures(at_top, s, "max_latency_ms", " ms", ".1f")
@@ -321,12 +327,6 @@ def print_targets(results: list[dict], throughputs: dict[int, dict[int, float]])
         else:
             print(f"  {s} max latency under 50 ms and flat as state grows ({top} bins): {text}; under 50 ms: "
                   f"{verdict(len(got) == n and max(vals) < 50)}; {growth} (flat: x2 or less): {flat}")
-    for k, t in throughputs.items():
-        lo, hi = min(t), max(t)
-        if lo != hi:
-            cost = 1 - t[hi] / t[lo]
-            print(f"  {hi} bins cost under 10% of the throughput of {lo} bins ({k:,} keys): {t[lo]:,.0f} vs "
-                  f"{t[hi]:,.0f} rows/s, cost {cost:.1%}: {verdict(cost < 0.10)}")
 
 
 def plot(results: list[dict], path: str) -> None:
@@ -388,7 +388,7 @@ def parse_args(argv=None):
                    "deployment per bin count, side by side)")
     p.add_argument("--tput-rows", type=int, default=20_000, help="rows per send, throughput rounds")
     p.add_argument("--tput-s", type=float, default=1.0, help="seconds per throughput round")
-    p.add_argument("--tput-rounds", type=int, default=3)
+    p.add_argument("--tput-rounds", type=int, default=5)
     p.add_argument("--plot", default="docs/migration.png")
     a = p.parse_args(argv)
     if a.quick:
@@ -396,7 +396,7 @@ def parse_args(argv=None):
         for k, v in QUICK.items():  # what the command line set explicitly wins
             if getattr(a, k) == defaults[k]:
                 setattr(a, k, v)
-    a.keys = [int(float(k)) for k in a.keys.split(",")]
+    a.keys = [int(float(k)) for k in a.keys.split(",") if k]  # none: the throughput only
     a.tput_keys = [int(float(k)) for k in a.tput_keys.split(",") if k]
     a.bins = [int(b) for b in a.bins.split(",")]
     a.strategies = [s.strip() for s in a.strategies.split(",")]
@@ -404,6 +404,20 @@ def parse_args(argv=None):
     if bad:
         p.error(f"unknown strategies {bad}; choose from {', '.join(STRATEGIES)}")
     return a
+
+
+def print_legend(a) -> None:
+    """What the migration table's columns are."""
+    print(f"\nmigrations: steady input {a.rows} random keys x {a.rate:g} sends/s; half of the bins move "
+          f"({a.moves}); batched: {a.batch} bins per step and direction; {a.repeat} run(s) per strategy, "
+          "medians shown")
+    print("latency: per send, arrival -> results out; 'max ms'/'p99 ms' over the 'epochs' sends that arrived "
+          "during the migration; 'pre p99' over the '(n)' sends of the steady window before it")
+    print(f"(* the sink remembers the last {EPOCH_LOG:,} sends: a longer migration's latency covers its last "
+          f"{EPOCH_LOG:,} sends only)")
+    print("restart: the peer without live migration, stop and restart with the state (undeploy, deploy, "
+          "replay every key), in s; ratio = restart / our duration\n")
+    print(HEADER)
 
 
 def load_average() -> str:
@@ -421,16 +435,8 @@ def main(argv=None) -> int:
         for keys in a.tput_keys:
             throughputs[keys] = throughput_by_bins(bench.engine, keys, a.bins, a)
             print_throughput(keys, throughputs[keys], a)
-        print(f"\nmigrations: steady input {a.rows} random keys x {a.rate:g} sends/s; half of the bins move "
-              f"({a.moves}); batched: {a.batch} bins per step and direction; {a.repeat} run(s) per strategy, "
-              "medians shown")
-        print("latency: per send, arrival -> results out; 'max ms'/'p99 ms' over the 'epochs' sends that arrived "
-              "during the migration; 'pre p99' over the '(n)' sends of the steady window before it")
-        print(f"(* the sink remembers the last {EPOCH_LOG:,} sends: a longer migration's latency covers its last "
-              f"{EPOCH_LOG:,} sends only)")
-        print("restart: the peer without live migration, stop and restart with the state (undeploy, deploy, "
-              "replay every key), in s; ratio = restart / our duration\n")
-        print(HEADER)
+        if a.keys:
+            print_legend(a)
         for keys in a.keys:
             for bins in a.bins:
                 results.append(bench.config(keys, bins))
@@ -438,8 +444,10 @@ def main(argv=None) -> int:
     finally:
         bench.engine.close()
     print_targets(results, throughputs)
-    plot(results, a.plot)
-    print(f"\nplot: {a.plot}; {time.perf_counter() - t0:.0f} s in all; load average at the end {load_average()}")
+    if results:
+        plot(results, a.plot)
+        print(f"\nplot: {a.plot}")
+    print(f"\n{time.perf_counter() - t0:.0f} s in all; load average at the end {load_average()}")
     return 0
 
 
