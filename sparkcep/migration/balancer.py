@@ -47,9 +47,10 @@ its input channels' capacity, seconds of its slowed work), so a move off it
 pays that wait per step: ``fluid`` (a bin per step) moved about one bin a
 second there; the balancer moves them all at once. A join is a generation
 switch, which holds the input until the new instance is deployed, then the
-bins' moves: all at once (1,365 of 4,096 bins, 11 MB, in 5.5 s, the switch's
-stall the largest latency) rather than ``batched`` 16 bins a step (87 steps,
-37 s, the same largest latency), measured on the loaded 2-core machine.
+bins' moves, all at once: 1,365 of 4,096 bins (4 MB of window state, 50,000
+records/s flowing) in 0.21 s, the largest latency 56 ms, where ``batched``,
+16 bins a step, took 87 steps, 5.4 s, and 120 ms (``examples/live_rescale.py``
+on the 2-core machine).
 """
 
 from __future__ import annotations
