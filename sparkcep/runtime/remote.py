@@ -111,12 +111,13 @@ class RemoteDeployment(Deployment):
                                 ends=ends, cluster=cluster)
 
     def drop(self, gen: Generation) -> None:
+        # first forgotten: an instance of it that sees a peer's channel close is no failure of the query
+        self.cluster.wires.pop(gen.wire, None)
         # the sink reads none of its feeds any more; the collector thread, which reads the instance
         # managers' replies to the undeploy, must not wait for sink_lock meanwhile
         self.cluster.undeploy(gen.wire, gen.hosts)
         with self.sink_lock:  # a poll that began before its feeds left the sink is over
             gen.ends.close()
-        self.cluster.wires.pop(gen.wire, None)
 
     @property
     def assignment(self) -> dict[Endpoint, int]:
@@ -222,6 +223,6 @@ class RemoteDeployment(Deployment):
         with self.sink_lock:
             self.closed = True
         for g in [self.gen, *self.retiring]:
-            g.close()
             self.cluster.wires.pop(g.wire, None)
+            g.close()
         self.retiring = []

@@ -152,9 +152,11 @@ class ChannelEnds:
                 unlink_quietly(os.path.join(self.shm_dir, name))
 
     def close(self) -> None:
-        """Close every end: inputs first, so peers closing towards us do not wait for us."""
-        for end in list(self.inputs.values()) + list(self.outputs.values()):
+        """Close every end at once (its generation is undeployed: nothing left in a channel is wanted)."""
+        for end in self.inputs.values():
             end.close()
+        for end in self.outputs.values():
+            end.close_now()
         self.waiting.clear()
         self.unlink()
 

@@ -100,7 +100,7 @@ def test_unauthenticated_commit_and_end_are_refused_counted_and_logged_once(serv
     assert served.send("connections", pa.table({"ip": ["c"], "ts": pa.array([T0 + 2], pa.timestamp("us")),
                                                 "bytes": [3]})) == 1  # the stream did not end
     refusals = [r for r in caplog.records if "refused a connection" in r.getMessage()]
-    assert len(refusals) == 1 and "127.0.0.1" in refusals[0].getMessage()
+    assert len(refusals) == 1 and "127.0.0.1" in refusals[0].getMessage(), [(r.name, r.getMessage()) for r in refusals]
 
 
 def test_oversized_frames_are_refused_before_allocating(served):

@@ -179,6 +179,11 @@ class Producer(ABC):
     def close(self) -> None:
         """Close cleanly: the consumer sees :attr:`Consumer.closed` once it received everything."""
 
+    def close_now(self) -> None:
+        """Close without waiting for the consumer to take what is queued (its generation is undeployed:
+        nothing still in the channel is wanted)."""
+        self.close()
+
     def flush_blocking(self, timeout: float, check=None) -> None:
         """Flush the whole backlog, waiting for the consumer.
 

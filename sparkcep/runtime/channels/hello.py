@@ -35,6 +35,7 @@ import logging
 import secrets
 import socket
 import struct
+import threading
 import time
 from dataclasses import dataclass
 
@@ -185,6 +186,7 @@ class Gate:
         self.token, self.timeout = token, timeout
         self.refused = 0
         self._logged: set[str] = set()  # peer hosts whose refusals were logged (later ones are only counted)
+        self._lock = threading.Lock()  # an endpoint checks its connections on threads of their own
 
     def accept(self, sock: socket.socket) -> Hello:
         """Read and check the hello on ``sock`` (at most ``timeout`` s); a :class:`Hello` if it is right.
@@ -228,10 +230,12 @@ class Gate:
         self._refuse(hello.sock, hello.peer, f"channel {hello.channel!r} ({hello.role}): {reason}")
 
     def _refuse(self, sock: socket.socket, peer: str, reason: str, answer: str | None = None) -> None:
-        self.refused += 1
         host = peer.rpartition(":")[0] or peer
-        say_no(sock, peer, reason, answer, quiet=host in self._logged)
-        self._logged.add(host)
+        with self._lock:
+            self.refused += 1
+            quiet = host in self._logged
+            self._logged.add(host)
+        say_no(sock, peer, reason, answer, quiet=quiet)
 
 
 def say_no(sock: socket.socket, peer: str, reason: str, answer: str | None = None, quiet: bool = False) -> None:

@@ -458,6 +458,9 @@ class TcpProducer(_End, Producer):
             self.sock.close()
             self.sock = None
 
+    def close_now(self) -> None:
+        self.close(timeout=0)
+
 
 class TcpConsumer(_End, Consumer):
     """The consumer end of a TCP channel.
