@@ -243,18 +243,19 @@ def print_config(r: dict) -> None:
     """The rows of one (keys, bins) point, one per strategy, as they are measured."""
     for strategy, samples in r["runs"].items():
         before = statistics.median(s["before"]["p99"] for s in samples)
+        before_max = statistics.median(s["before"]["max"] for s in samples)
         before_n = statistics.median(s["before"]["epochs"] for s in samples)
         dur = median_of(samples, "duration_s")
         if dur is None:
             print(f"{r['keys']:>10,} {r['bins']:>5} {strategy:>11}    FAILED {'':>8} {'':>8} {'':>6} "
-                  f"{before:>8.1f} {before_n:>5.0f} {'':>8} {'':>6} {r['restart_s']:>8.2f}\n"
+                  f"{before:>8.1f} {before_max:>8.1f} {before_n:>5.0f} {'':>8} {'':>6} {r['restart_s']:>8.2f}\n"
                   f"    {samples[-1]['error']}", flush=True)
             continue
         m = {k: median_of(samples, k) for k in ("max_latency_ms", "p99_latency_ms", "latency_epochs")}
         capped = "*" if m["latency_epochs"] >= EPOCH_LOG - 1 else " "
         print(f"{r['keys']:>10,} {r['bins']:>5} {strategy:>11} {dur:>9.3f} {m['max_latency_ms']:>8.1f} "
               f"{m['p99_latency_ms']:>8.1f} {m['latency_epochs']:>6.0f}{capped}"
-              f"{before:>8.1f} {before_n:>5.0f} {median_of(samples, 'bytes') / 2 ** 20:>8.1f} "
+              f"{before:>8.1f} {before_max:>8.1f} {before_n:>5.0f} {median_of(samples, 'bytes') / 2 ** 20:>8.1f} "
               f"{median_of(samples, 'steps'):>6.0f} {r['restart_s']:>8.2f} {r['restart_s'] / dur:>7.1f}x", flush=True)
         failed = [s["error"] for s in samples if "error" in s]
         if failed:
@@ -262,7 +263,7 @@ def print_config(r: dict) -> None:
 
 
 HEADER = (f"{'keys':>10} {'bins':>5} {'strategy':>11} {'dur s':>9} {'max ms':>8} {'p99 ms':>8} {'epochs':>6} "
-          f"{'pre p99':>8} {'(n)':>5} {'MiB':>8} {'steps':>6} {'restart':>8} {'ratio':>8}")
+          f"{'pre p99':>8} {'pre max':>8} {'(n)':>5} {'MiB':>8} {'steps':>6} {'restart':>8} {'ratio':>8}")
 
 
 def verdict(ok: bool) -> str:
@@ -412,7 +413,7 @@ def print_legend(a) -> None:
           f"({a.moves}); batched: {a.batch} bins per step and direction; {a.repeat} run(s) per strategy, "
           "medians shown")
     print("latency: per send, arrival -> results out; 'max ms'/'p99 ms' over the 'epochs' sends that arrived "
-          "during the migration; 'pre p99' over the '(n)' sends of the steady window before it")
+          "during the migration; 'pre p99'/'pre max' over the '(n)' sends of the steady window before it")
     print(f"(* the sink remembers the last {EPOCH_LOG:,} sends: a longer migration's latency covers its last "
           f"{EPOCH_LOG:,} sends only)")
     print("restart: the peer without live migration, stop and restart with the state (undeploy, deploy, "
