@@ -46,6 +46,9 @@ FIRST_WORD_S = 60.0  # a started worker says what it does within this long (Pyth
 STALL_S = 10.0  # then it is stuck when it says nothing for this long
 START_LIMIT_S = 900.0  # and one still starting after this long (compiling every kernel takes 1-2 min)
 TELL_EVERY_S = 5.0  # how often the engine says what it waits for while workers start
+COMPILING_AFTER_S = 20.0  # kernels loaded from numba's cache take a few seconds, even for many workers at once
+COMPILING = (" (numba compiles the engine's kernels on a machine's first run; `sparkcep warm-up`, which the "
+             "install runs, leaves them in its cache)")
 REPLY_TIMEOUT_S = 30.0
 PEER_GRACE_S = 1.0         # a channel's dead peer waits this long for its instance manager's death to be known
 ENGINE_HOST = "127.0.0.1"  # the engine's own host key is that of a process serving on loopback
@@ -578,9 +581,8 @@ def wait_ready(starting: list[Starting], tell=log.warning) -> list[dict]:
                 raise EngineError(f"{s.what} did not start within {START_LIMIT_S:.0f} s ({s.doing})", "WORKER_START")
         if now - told > TELL_EVERY_S:
             told = now
-            tell("waiting for %s to start: %s (numba compiles the engine's kernels on a machine's first run; "
-                 "`sparkcep warm-up`, which the install runs, leaves them in its cache)",
-                 ", ".join(s.what for s in waiting), waiting[0].doing)
+            tell("waiting for %s to start: %s%s", ", ".join(s.what for s in waiting), waiting[0].doing,
+                 COMPILING if now - t0 > COMPILING_AFTER_S else "")
         ready, _, _ = select.select([s.process.stdout for s in waiting], [], [], 0.2)
         for s in waiting:
             if s.process.stdout in ready:

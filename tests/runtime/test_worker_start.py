@@ -48,6 +48,21 @@ def test_a_worker_that_keeps_talking_is_waited_for_past_the_stall_limit(monkeypa
     p.wait(5)
 
 
+def test_the_first_run_hint_comes_only_when_starting_takes_longer_than_loading_cached_kernels(monkeypatch):
+    """Loading kernels from numba's cache takes seconds when many workers start at once: that wait is told
+    as it is; only a longer one (compiling, a machine's first run) adds the hint about `sparkcep warm-up`."""
+    monkeypatch.setattr(cluster, "TELL_EVERY_S", 0.3)
+    monkeypatch.setattr(cluster, "COMPILING_AFTER_S", 1.2)
+    p = fake("for i in range(8):\n    print(f'STARTING warming up kernels step {i}/8', flush=True); time.sleep(0.25)\n"
+             "print('READY {\"address\": \"127.0.0.1:1\"}', flush=True)")
+    told = []
+    wait_ready([Starting(p, "instance manager im-slow")], tell=lambda fmt, *a: told.append(fmt % a))
+    p.wait(5)
+    hinted = ["sparkcep warm-up" in t for t in told]
+    assert all(t.startswith("waiting for instance manager im-slow to start: warming up kernels") for t in told)
+    assert True in hinted and False in hinted and hinted.index(True) > 0, told
+
+
 def test_a_silent_worker_is_named_as_stuck_within_seconds(monkeypatch):
     monkeypatch.setattr(cluster, "STALL_S", 1.5)
     p = fake("print('STARTING warming up kernels step 2/8', flush=True); time.sleep(60)")
