@@ -56,6 +56,7 @@ except ModuleNotFoundError:  # run from a source checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import sparkcep as cep
 
+from sparkcep.bench.steady import KeySender
 from sparkcep.runtime.sink import EPOCH_LOG
 
 STRATEGIES = ("all-at-once", "batched", "fluid")
@@ -74,7 +75,12 @@ def key_count_query(stream: str = "ev") -> cep.Query:
 
 def batch(keys: np.ndarray) -> dict:
     """A send of ``keys`` stamped with the current time."""
-    return {"k": keys, "ts": np.full(len(keys), time.time_ns() // 1000, "datetime64[us]")}
+    return {"k": keys, "ts": np.full(len(keys), now_us(), "datetime64[us]")}
+
+
+def now_us(_send: int = 0) -> int:
+    """The event time of a send: the wall clock (HiBench's key), in microseconds."""
+    return time.time_ns() // 1000
 
 
 def deploy_loaded(engine, keys: int, bins: int, stream: str = "ev"):
@@ -112,37 +118,6 @@ def throughput_by_bins(engine, keys: int, bins: list[int], a) -> dict[int, float
     for b in bins:
         engine.undeploy(f"keycount_ev{b}")
     return {b: statistics.median(r) for b, r in rates.items()}
-
-
-class Sender:
-    """A thread sending ``rows`` random keys of ``keys`` ``rate`` times a second (fixed schedule: a late
-    send does not shift the next ones) until :meth:`stop`."""
-
-    def __init__(self, engine, keys: int, rows: int, rate: float):
-        self.engine, self.keys, self.rows, self.rate = engine, keys, rows, rate
-        self.sent, self.error = 0, None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="sender", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        rng = np.random.default_rng(2)
-        t0 = time.perf_counter()
-        try:
-            while not self._stop.is_set():
-                self.engine.send("ev", batch(rng.integers(0, self.keys, self.rows)))
-                self.sent += 1
-                wait = t0 + self.sent / self.rate - time.perf_counter()
-                if wait > 0:
-                    time.sleep(wait)
-        except cep.SparkcepError as e:
-            self.error = e
-
-    def stop(self):
-        """Stop sending; returns the error that stopped it earlier, if any."""
-        self._stop.set()
-        self._thread.join()
-        return self.error
 
 
 def steady_latency(dep, seconds: float) -> dict:
@@ -205,7 +180,7 @@ class Bench:
         gc.freeze()  # the engine's long-lived objects out of the cyclic collector's scans (as sparkcep.bench does)
         dep, load_s = self.start(keys, bins)
         out = {"keys": keys, "bins": bins, "load_s": load_s, "runs": {}}
-        sender = Sender(self.engine, keys, a.rows, a.rate)
+        sender = KeySender(self.engine, keys, a.rows, a.rate, now_us)
         for strategy in a.strategies:
             samples = out["runs"][strategy] = []
             for _ in range(a.repeat):
@@ -217,7 +192,7 @@ class Bench:
                     sender.stop()
                     self.renew()
                     dep, _ = self.start(keys, bins)
-                    sender = Sender(self.engine, keys, a.rows, a.rate)
+                    sender = KeySender(self.engine, keys, a.rows, a.rate, now_us)
                     break
                 samples.append({**report, "before": before})
         error = sender.stop()

@@ -53,7 +53,6 @@ import os
 import signal
 import statistics
 import sys
-import threading
 import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -69,6 +68,7 @@ except ModuleNotFoundError:  # run from a source checkout without installing
 
 from sparkcep.bench import workloads
 from sparkcep.bench.generator import RECORD_SCHEMA, UserVisits
+from sparkcep.bench.steady import KeySender
 
 TPUT_ROWS = 65_536  # records per send, throughput rounds
 LOAD_ROWS = 200_000  # keys per send while building the state of (c)
@@ -132,38 +132,6 @@ def engine_for(shared, standby: int):
 
 
 # --- steady input, kills ---------------------------------------------------------------------
-class Sender:
-    """A thread sending ``rows`` random keys of ``keys`` to stream ``ev`` ``rate`` times a second on a fixed
-    schedule (a late send does not shift the next ones), event times from ``t0_us`` on, until stop()."""
-
-    def __init__(self, engine, keys: int, rows: int, rate: float, t0_us: int):
-        self.engine, self.keys, self.rows, self.rate, self.t0_us = engine, keys, rows, rate, t0_us
-        self.sent, self.error = 0, None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="sender", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        rng = np.random.default_rng(2)
-        start = time.perf_counter()
-        try:
-            while not self._stop.is_set():
-                ts = np.full(self.rows, self.t0_us + self.sent, "datetime64[us]")
-                self.engine.send("ev", {"k": rng.integers(0, self.keys, self.rows), "ts": ts})
-                self.sent += 1
-                wait = start + self.sent / self.rate - time.perf_counter()
-                if wait > 0:
-                    time.sleep(wait)
-        except cep.SparkcepError as e:
-            self.error = e
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        if self.error is not None:
-            raise self.error
-
-
 def kill_replica(engine, dep, replica: int, limit_s: float = 60.0) -> dict:
     """SIGKILL an instance manager running ``replica``; wait until every replica runs again.
     Returns the kill's and the recovery's times (time.time()) and the catch-up report."""
@@ -215,14 +183,17 @@ def measure_gap(a, shared) -> list[dict]:
             published.setdefault(dep.dedup.published, time.time_ns())
 
         engine.subscribe("counts", seen)
-        sender = Sender(engine, GAP_KEYS, a.rows, a.rate, time.time_ns() // 1000)
+        t0_us = time.time_ns() // 1000
+        sender = KeySender(engine, GAP_KEYS, a.rows, a.rate, lambda i: t0_us + i)
         try:
             for k in range(a.kills):
                 time.sleep(a.steady)
                 kills.append(kill_replica(engine, dep, k % 2))
             time.sleep(a.steady)
         finally:
-            sender.stop()
+            error = sender.stop()
+        if error is not None:
+            raise error
         engine.undeploy("kc")
         times = np.array(sorted(published.values()), np.int64) / 1e9
     for kl in kills:
@@ -248,7 +219,7 @@ def measure_catchup(a, keys: int, shared) -> list[dict]:
             k = np.arange(start, min(keys, start + LOAD_ROWS), dtype=np.int64)
             engine.send("ev", {"k": k, "ts": np.full(len(k), t0_us, "datetime64[us]")})
         dep.wait()
-        sender = Sender(engine, keys, a.rows, a.rate, t0_us + 1)
+        sender = KeySender(engine, keys, a.rows, a.rate, lambda i: t0_us + 1 + i)
         try:
             for k in range(a.repeat):
                 time.sleep(a.steady)
@@ -259,7 +230,9 @@ def measure_catchup(a, keys: int, shared) -> list[dict]:
                 kl["survivor_max_ms"] = max(lat, default=0) / 1e6
                 out.append(kl)
         finally:
-            sender.stop()
+            error = sender.stop()
+        if error is not None:
+            raise error
         engine.undeploy("wc")
     return out
 
