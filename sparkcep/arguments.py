@@ -1,4 +1,4 @@
-"""Keyword arguments of the public API: a misspelled one is refused by name, with the closest valid one.
+"""Arguments of the public API: misspelled keywords refused by name, integers taken as Python users hold them.
 
 Python's own ``TypeError`` ("unexpected keyword argument") names no
 alternative and escapes the engine's error root; :func:`checked` turns it
@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
+import operator
 
 from sparkcep.errors import QueryError
 
@@ -50,3 +51,21 @@ def checked(error=QueryError):
             return fn(*args, **kwargs)
         return call
     return wrap
+
+
+def integer(value, name: str, minimum: int | None = None, maximum: int | None = None, error=QueryError,
+            code: str = "BAD_ARGUMENT") -> int:
+    """``value`` as a Python int: whatever :func:`operator.index` takes (``int``, numpy integers), checked
+    against ``minimum``/``maximum``. A ``bool``, a float (even ``3.0``) or anything else raises ``error``
+    with ``code``, naming the argument ``name``."""
+    if isinstance(value, bool):
+        raise error(f"{name} must be an integer, got the bool {value!r}", code)
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise error(f"{name} must be an integer, got {value!r} ({type(value).__name__})", code) from None
+    if minimum is not None and n < minimum:
+        raise error(f"{name} must be >= {minimum}, got {n}", code)
+    if maximum is not None and n > maximum:
+        raise error(f"{name} must be <= {maximum}, got {n}", code)
+    return n

@@ -20,10 +20,10 @@ import numpy as np
 import pyarrow as pa
 
 from sparkcep import auth
-from sparkcep.arguments import checked
+from sparkcep.arguments import checked, closest, integer
 from sparkcep.core import columns
 from sparkcep.core.ingest import check_event_times, to_batches
-from sparkcep.deployed import Deployed
+from sparkcep.deployed import Deployed, LocalDeployed
 from sparkcep.core.operators import WM_NONE
 from sparkcep.errors import EngineError, InputError, QueryError, UnknownStreamError
 from sparkcep.migration.balancer import Balancer
@@ -34,7 +34,7 @@ from sparkcep.query.query import Query
 from sparkcep.runtime.deployment import Deployment
 from sparkcep.runtime.handoff import ENGINE_HOST, Board, Handoffs
 from sparkcep.runtime.metrics import MetricServer, add_rates, deployment_metrics, late_counts
-from sparkcep.runtime.output_log import OutputLog, Retention
+from sparkcep.runtime.output_log import OutputLog, Retention, Subscription
 
 log = logging.getLogger("sparkcep")
 
@@ -50,9 +50,8 @@ class Engine:
     @checked(EngineError)
     def __init__(self, workers: int = 0, instance_managers=(), token: str | None = None, topology=None,
                  ring_bytes: int | None = None, standby: int = 0):
-        for name, n in (("workers", workers), ("standby", standby)):
-            if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-                raise EngineError(f"{name} must be an int >= 0, got {n!r}", "WORKERS")
+        workers = integer(workers, "workers", minimum=0, error=EngineError, code="WORKERS")
+        standby = integer(standby, "standby", minimum=0, error=EngineError, code="WORKERS")
         if isinstance(instance_managers, str):
             instance_managers = [instance_managers]
         self.workers = workers
@@ -69,7 +68,7 @@ class Engine:
         self._lock = threading.RLock()
         self._board = Board()  # state handed over between the instances running in this process
         self._handoffs = Handoffs(ENGINE_HOST, report=self._board.installed)
-        self._migrators: dict[str, Migrator] = {}  # query -> its migrations
+        self._deployed: dict[str, LocalDeployed] = {}  # query -> what deploy() returned
         self._balancer: Balancer | None = None  # started by the first deploy(..., balance=True)
         self._metric_server = MetricServer()
         self._topology, self._ring_bytes = topology, ring_bytes
@@ -207,8 +206,7 @@ class Engine:
                                      f"{other.query.name!r} declares it as {other.query.sources[name].schema}")
             if name in self.outputs:
                 raise QueryError(f"stream {name!r} is an output of another query")
-        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
-            raise QueryError(f"replicas must be an int >= 1, got {replicas!r}", "BAD_REPLICAS")
+        replicas = integer(replicas, "replicas", minimum=1, code="BAD_REPLICAS")
         with self._lock:
             dep_id = f"{query.name}#{next(self._deployment_ids)}"
             changes = threading.Lock()  # held while its wiring or bin tables change
@@ -226,7 +224,7 @@ class Engine:
             for name in query.sources:
                 self.streams.setdefault(name, []).append(dep)
             self.deployments[query.name] = dep
-            self._migrators[query.name] = migrator
+            handle = self._deployed[query.name] = LocalDeployed(dep, migrator)
             if balance and dep.runners:
                 log.warning("query %s: balance=True, but its instances run in the engine's process: "
                             "there is nothing to balance", query.name)
@@ -234,7 +232,17 @@ class Engine:
                 if self._balancer is None:
                     self._balancer = Balancer(self.cluster)
                 self._balancer.watch(dep, migrator)
-        return Deployed(dep, migrator)
+        return handle
+
+    def deployment(self, name: str) -> Deployed:
+        """The deployed query ``name``: what :meth:`deploy` returned for it."""
+        self._check_open()
+        handle = self._deployed.get(name)
+        if handle is None:
+            near = closest(str(name), self._deployed)
+            raise QueryError(f"no query named {name!r} is deployed{f' (did you mean {near!r}?)' if near else ''}; "
+                             f"queries: {sorted(self._deployed)}", "UNKNOWN_QUERY")
+        return handle
 
     def _deployment(self, dep_id: str, query: Query, parallelism, bins: int, retain: bool, ims) -> Deployment:
         """One copy of ``query``: in this process, or on the instance managers (those of ``ims``)."""
@@ -268,11 +276,13 @@ class Engine:
         """Stop query ``name``: its instances go, its outputs and their logs are forgotten."""
         with self._lock:
             dep = self.deployments.pop(name, None)
-            self._migrators.pop(name, None)
+            self._deployed.pop(name, None)
             if self._balancer is not None:
                 self._balancer.forget(name)
             if dep is None:
-                raise QueryError(f"no query named {name!r} is deployed; queries: {sorted(self.deployments)}")
+                near = closest(str(name), self.deployments)
+                raise QueryError(f"no query named {name!r} is deployed{f' (did you mean {near!r}?)' if near else ''}"
+                                 f"; queries: {sorted(self.deployments)}", "UNKNOWN_QUERY")
             for out in dep.query.outputs:
                 self.outputs.pop(out, None)
                 self._producer.pop(out, None)
@@ -362,17 +372,14 @@ class Engine:
         With workers it first waits (up to ``timeout`` s) until the output
         reflects every ``send``/``end`` made before the call.
         """
-        log = self._log(output)
-        self._producer[output].wait(timeout)
+        log = self._settle(output, timeout)
         return log.table()
 
-    def subscribe(self, output: str, callback, on_error=None) -> None:
+    def subscribe(self, output: str, callback, on_error=None) -> Subscription:
         """Call ``callback(pyarrow.RecordBatch)`` with every batch ``output`` produces from now on, and
-        ``on_error(error)`` if its query fails (an instance manager died, an operator raised)."""
-        log = self._log(output)
-        log.subscribers.append(callback)
-        if on_error is not None:
-            log.on_error.append(on_error)
+        ``on_error(error)`` if its query fails (an instance manager died, an operator raised). Callbacks
+        run on the engine's collector thread; ``cancel()`` the returned subscription to stop them."""
+        return self._log(output).subscribe(callback, on_error)
 
     def metrics(self) -> dict:
         """The engine's metrics (the paper's metric server, in this process).
@@ -417,9 +424,15 @@ class Engine:
             "late_by_stream": late_streams,
             "queries": queries,
             "instance_managers": ims,
-            "migrations": {q: m.snapshot() for q, m in list(self._migrators.items())},
+            "migrations": {q: d.migrations() for q, d in list(self._deployed.items())},
             "balancer": self._balancer.snapshot() if self._balancer is not None else None,
         }
+
+    def _settle(self, output: str, timeout: float | None = None) -> OutputLog:
+        """The log of ``output`` once it reflects every send and end made so far."""
+        log = self._log(output)
+        self._producer[output].wait(timeout)
+        return log
 
     def _log(self, output: str) -> OutputLog:
         self._check_open()
@@ -438,3 +451,4 @@ class Engine:
     def _check_open(self) -> None:
         if self._closed:
             raise EngineError("the engine is closed", "CLOSED")
+

@@ -1,11 +1,21 @@
 """A client of a cluster's engine: what ``sparkcep.Engine.connect("zk://HOST:PORT/PATH", token=...)`` returns.
 
-Deploys go through the leading orchestrator (sealed requests in the
-registry); sends and reads go straight to where the registry says each
-stream's source and each output's log live — the engine host — never
-through an orchestrator, so they go on while one fails over. Several
-clients may send to one stream: the engine host takes each send whole, in
-one order of sequence numbers for the cluster.
+:class:`ConnectedEngine` offers the methods of :class:`sparkcep.Engine` with
+the same arguments, results and error codes. Deploys go through the leading
+orchestrator (sealed requests in the registry); everything else goes
+straight to the cluster's data path, the engine host the registry names at
+``/engine`` (:class:`DataPath`), never through an orchestrator.
+
+**Riding through failures.** When the data path does not answer, or
+answers that it no longer serves (``NOT_PRIMARY``: a standby, or a host
+that lost its registry session), a call finds it again in the registry and
+tries again, for up to ``retry_s`` seconds (default 30). Every retry is
+idempotent: a send carries a send id, and the engine takes a send id once;
+reads name positions; ends and commits may be repeated. Past the bound the
+call raises ``DATA_PATH_UNREACHABLE``; for a send it says whether the rows
+were taken (``SEND_NOT_TAKEN``: no attempt reached the engine) or may have
+been (``SEND_UNCONFIRMED``: send the same data again with the same
+``send_id`` to find out, it is never taken twice).
 """
 
 from __future__ import annotations
@@ -13,21 +23,27 @@ from __future__ import annotations
 import base64
 import threading
 import time
+import uuid
 
 import cloudpickle
 import pyarrow as pa
 
 from sparkcep import auth
+from sparkcep.arguments import checked
 from sparkcep.control import tree
-from sparkcep.gateway.client import EngineClient
-from sparkcep.gateway.discovery import EngineNotFoundError
-from sparkcep.control.registry import open_registry
+from sparkcep.control.registry import RegistryError, open_registry
 from sparkcep.core.columns import SEQ
-from sparkcep.errors import EngineError
+from sparkcep.errors import EngineError, QueryError, SparkcepError
+from sparkcep.gateway.client import EngineClient
+from sparkcep.gateway.deployed import ClientDeployed, options_to_wire
+from sparkcep.gateway.discovery import EngineNotFoundError
+from sparkcep.runtime.output_log import Subscription
 
 REQUEST_TIMEOUT_S = 120.0  # a deploy waits this long for an orchestrator to answer
 REGISTRY_TIMEOUT_S = 10.0  # to reach a cluster's registry to find its engine host
+RETRY_S = 30.0  # a call rides through a data path's failure this long before it raises
 POLL_S = 0.05
+RETRYABLE = ("NOT_PRIMARY",)  # codes of a data path that does not serve now: ask the registry again
 
 
 def engine_address(zk: str) -> str:
@@ -41,29 +57,126 @@ def engine_address(zk: str) -> str:
     return doc["address"]
 
 
-class ConnectedEngine:
-    """The engine of the cluster whose registry is at ``address`` (``zk://...``), reached with ``token``."""
+def retryable(error: SparkcepError) -> bool:
+    """Does ``error`` say the data path moved or is moving (ask the registry, try again)?"""
+    return isinstance(error, EngineNotFoundError) or error.code in RETRYABLE
 
-    def __init__(self, address: str, token: str, timeout: float = 30.0):
-        self.address, self.token = address, token
-        self.registry = open_registry(address)
-        deadline = time.monotonic() + timeout
-        while (doc := self.registry.get(tree.ENGINE)) is None:
+
+class DataPath:
+    """The data path of the cluster whose registry is at ``zk``: clients of wherever ``/engine`` says it
+    serves now, found again when it moves."""
+
+    def __init__(self, zk: str, token: str, retry_s: float = RETRY_S):
+        self.zk, self.token, self.retry_s = zk, token, retry_s
+        self.registry = open_registry(zk, timeout=REGISTRY_TIMEOUT_S)
+        self._address: str | None = None
+        self._lock = threading.Lock()
+
+    def address(self, deadline: float) -> str:
+        """Where the data path serves now, waiting for the registry to name one until ``deadline``."""
+        with self._lock:
+            if self._address is not None:
+                return self._address
+        while True:
+            try:
+                doc = self.registry.get(tree.ENGINE)
+            except RegistryError as e:  # the registry is down or restarting: it comes back, or the deadline
+                doc, why = None, f"the registry does not answer ({e.code})"
+            else:
+                why = "the registry names no engine host (is an orchestrator running?)"
+            if doc:
+                with self._lock:
+                    self._address = doc["address"]
+                    return self._address
             if time.monotonic() > deadline:
-                self.registry.close()
-                raise EngineError(f"the cluster at {address} has no engine host (is an orchestrator running?)",
-                                  "ENGINE_NOT_FOUND")
+                raise EngineNotFoundError(f"the cluster at {self.zk} has no data path: {why}", "ENGINE_NOT_FOUND")
             time.sleep(POLL_S)
-        self.client = EngineClient(doc["address"], token=token)
-        self.client.hello()  # proves the token now, not at the first send
-        self._subscriptions: list[threading.Event] = []
+
+    def moved(self, address: str) -> None:
+        """The data path at ``address`` failed: look it up again next time."""
+        with self._lock:
+            if self._address == address:
+                self._address = None
+
+    def client(self, deadline: float | None = None) -> EngineClient:
+        """A new client of the data path as it is now (the caller closes it)."""
+        deadline = time.monotonic() + self.retry_s if deadline is None else deadline
+        return EngineClient(self.address(deadline), token=self.token)
+
+    def call(self, what: str, fn, client: EngineClient | None = None):
+        """``fn(client)`` on the data path, retried on a new connection wherever the registry says it serves
+        now, until ``retry_s`` seconds have passed; returns ``(result, client used)``."""
+        deadline = time.monotonic() + self.retry_s
+        last: SparkcepError | None = None
+        while True:
+            try:
+                if client is None:
+                    client = self.client(deadline)
+                return fn(client), client
+            except SparkcepError as e:
+                if not retryable(e):
+                    raise
+                last = e
+                if client is not None:
+                    self.moved(client.address)
+                    client.close()
+                    client = None
+            if time.monotonic() > deadline:
+                raise EngineError(f"{what}: the cluster's data path did not answer for {self.retry_s:.0f} s "
+                                  f"(last: {last} [{last.code}])", "DATA_PATH_UNREACHABLE")
+            time.sleep(POLL_S)
+
+    def close(self) -> None:
+        self.registry.close()
+
+
+class ConnectedEngine:
+    """The engine of the cluster whose registry is at ``address`` (``zk://...``), reached with ``token``.
+
+    ``retry_s``: how long a call rides through a failure of the data path
+    before it raises (see the module's docstring).
+    """
+
+    def __init__(self, address: str, token: str, timeout: float = 30.0, retry_s: float = RETRY_S):
+        self.address, self.token = address, token
+        self.path = DataPath(address, token, retry_s)
+        self.registry = self.path.registry
+        self._lock = threading.Lock()  # one request at a time on the shared client
+        try:
+            self.client = self.path.client(time.monotonic() + timeout)
+            self.client.hello()  # proves the token now, not at the first send
+        except BaseException:
+            self.path.close()
+            raise
+        self._subscriptions: list[Subscription] = []
+
+    def _call(self, what: str, fn):
+        """``fn(client)`` on the data path, riding through its failures (:meth:`DataPath.call`)."""
+        with self._lock:
+            result, self.client = self.path.call(what, fn, self.client)
+        return result
 
     # --- control: through the leading orchestrator -------------------------------------------
-    def deploy(self, query, **options) -> dict:
-        """Have the leading orchestrator deploy ``query`` (``Engine.deploy``'s options); returns its
-        ``deployment`` id, ``explain`` text, ``streams`` and ``outputs``."""
+    @checked(QueryError)
+    def deploy(self, query, parallelism=1, bins: int = 128, retain=True, balance: bool = False,
+               replicas: int = 1) -> ClientDeployed:
+        """Have the leading orchestrator deploy ``query`` (:meth:`sparkcep.Engine.deploy`'s options); returns
+        the deployed query, as ``Engine.local(...).deploy`` does."""
+        from sparkcep.query.query import Query
+        if not isinstance(query, Query):
+            raise QueryError(f"deploy() takes a Query, got {type(query).__name__}")
+        options = options_to_wire({"parallelism": parallelism, "bins": bins, "retain": retain, "balance": balance,
+                                   "replicas": replicas})
         doc = {"kind": "deploy", "query": base64.b64encode(cloudpickle.dumps(query)).decode(), "options": options}
-        return self._request(doc, f"deploy of {query.name!r}")
+        result = self._request(doc, f"deploy of {query.name!r}")
+        return ClientDeployed(result["deployment"], query, self.path.client)
+
+    def deployment(self, name: str) -> ClientDeployed:
+        """The deployed query ``name``, as :meth:`deploy` returned it."""
+        def ask(client):
+            return client.request("deployed", query=name)
+        header, payload = self._call(f"deployment {name!r}", ask)
+        return ClientDeployed(header["deployment"], cloudpickle.loads(memoryview(payload)), self.path.client)
 
     def undeploy(self, name: str) -> None:
         self._request({"kind": "undeploy", "query": name}, f"undeploy of {name!r}")
@@ -79,81 +192,110 @@ class ConnectedEngine:
             time.sleep(POLL_S)
         self.registry.delete(result_path)
         if not result.get("ok"):
-            raise EngineError(f"{what}: {result.get('error')}", result.get("code"))
+            raise (QueryError if result.get("type") == "QueryError" else EngineError)(
+                f"{what}: {result.get('error')}", result.get("code"))
         return result
 
-    # --- data: straight to the engine host ---------------------------------------------------
+    # --- data: straight to the data path -----------------------------------------------------
     def send(self, stream: str, data) -> int:
-        """Send a pyarrow Table/RecordBatch (or a dict of columns) into ``stream``, whole or not at all."""
-        if not isinstance(data, (pa.Table, pa.RecordBatch)):
-            data = pa.table(data)
-        return self.client.send(stream, data)
+        """Send tuples into ``stream`` (what :meth:`sparkcep.Engine.send` takes), whole or not at all;
+        returns how many. Taken once, even when the data path fails over meanwhile."""
+        send_id = uuid.uuid4().hex
+        delivered = []
+
+        def attempt(client):
+            delivered.append(True)
+            return client.send(stream, data, send_id=send_id)
+        try:
+            return self._call(f"send to {stream!r}", attempt)
+        except EngineError as e:
+            if e.code != "DATA_PATH_UNREACHABLE":
+                raise
+            if delivered:
+                raise EngineError(f"{e}; the rows may have been taken: send the same data with "
+                                  f"send_id={send_id!r} to find out (a send id is never taken twice)",
+                                  "SEND_UNCONFIRMED") from None
+            raise EngineError(f"{e}; the rows were not taken", "SEND_NOT_TAKEN") from None
 
     def end(self, stream: str) -> None:
-        self.client.end(stream)
+        """End of input for ``stream``: returns once the outputs reflect it."""
+        self._call(f"end of {stream!r}", lambda c: c.end(stream))
 
-    def collect(self, output: str) -> pa.Table:
-        """Every retained row of ``output`` now."""
-        return pa.concat_tables(self._rows(output, self.client.offsets(output)["earliest"]) or
-                                [self._empty(output)])
+    def collect(self, output: str, timeout: float | None = None) -> pa.Table:
+        """Every retained row of ``output``, once it reflects every send and end made before the call."""
+        def read(client):
+            offsets = client.offsets(output, settle=True, timeout=timeout)
+            tables, _ = _rows(client, output, offsets, offsets["earliest"])
+            fields = client.schema(output)["fields"]
+            from sparkcep.schema import as_schema
+            return pa.concat_tables(tables or [as_schema(fields).to_arrow().empty_table()])
+        return self._call(f"collect of {output!r}", read)
 
-    def subscribe(self, output: str, callback, on_error=None, every: float = POLL_S) -> threading.Event:
-        """Call ``callback(pyarrow.Table)`` with the rows ``output`` produces from now on (read as they
-        arrive, on a thread of its own); ``on_error(error)`` once if reading fails. Set the returned
-        event to stop."""
+    def subscribe(self, output: str, callback, on_error=None) -> Subscription:
+        """Call ``callback(pyarrow.RecordBatch)`` with every batch ``output`` produces from now on (read as
+        they arrive, on a thread of its own), through fail-overs of the data path; ``on_error(error)`` once
+        if reading fails for good. ``cancel()`` the returned subscription to stop."""
         stop = threading.Event()
-        self._subscriptions.append(stop)
+        at = self._call(f"subscribe to {output!r}", lambda c: c.offsets(output)["latest"])
 
         def follow():
-            with EngineClient(self.client.address, token=self.token) as c:
-                try:
-                    at = c.offsets(output)["latest"]
-                    while not stop.wait(every):
-                        for table in self._rows(output, at, c):
-                            callback(table)
-                except EngineError as e:
-                    if on_error is not None and not stop.is_set():
-                        on_error(e)
+            client = None
+            try:
+                while not stop.wait(POLL_S):
+                    (tables, reached), client = self.path.call(
+                        f"subscription to {output!r}", lambda c: _rows(c, output, c.offsets(output), at), client)
+                    for table in tables:
+                        for batch in table.to_batches():
+                            if not stop.is_set():
+                                callback(batch)
+                    at.update(reached)
+            except SparkcepError as e:
+                if on_error is not None and not stop.is_set():
+                    on_error(e)
+            finally:
+                if client is not None:
+                    client.close()
         threading.Thread(target=follow, name=f"sparkcep-subscribe-{output}", daemon=True).start()
-        return stop
-
-    def _rows(self, output: str, start: dict, client: EngineClient | None = None) -> list[pa.Table]:
-        """The rows of ``output`` from positions ``start`` to its latest ones; moves ``start`` there."""
-        c = client or self.client
-        offsets = c.offsets(output)
-        out = []
-        for p, end in sorted(offsets["latest"].items()):
-            s = start.get(p, offsets["earliest"].get(p, 0))
-            if end > s:
-                rows = c.read(output, p, s, end, engine=offsets["engine"], deployment=offsets["deployment"])
-                out.append(rows.drop_columns([SEQ]))
-            start[p] = end
-        return out
-
-    def _empty(self, output: str) -> pa.Table:
-        fields = self.client.schema(output)["fields"]
-        from sparkcep.schema import as_schema
-        return as_schema(fields).to_arrow().empty_table()
+        subscription = Subscription(stop.set)
+        self._subscriptions.append(subscription)
+        return subscription
 
     def metrics(self) -> dict:
-        return self.client.metrics()
+        return self._call("metrics", lambda c: c.metrics())
 
     def instance_managers(self) -> list[dict]:
-        return self.client.instance_managers()
+        return self._call("instance managers", lambda c: c.instance_managers())
 
-    def streams(self) -> dict:
+    def add_instance_manager(self, address: str) -> dict:
+        """Not in a cluster: its instance managers join it themselves (``sparkcep worker --zk ...``)."""
+        raise EngineError(f"in a cluster, instance managers join it as members: start the one at {address} with "
+                          f"`sparkcep worker --zk {self.address.removeprefix('zk://')} --token-file ...`",
+                          "CLUSTER_MEMBERS_JOIN")
+
+    def data_path(self) -> dict:
         """Where each stream's source and each output's log live, as the registry says."""
         return {"streams": {s: self.registry.get(f"{tree.STREAMS}/{s}") for s in self.registry.children(tree.STREAMS)},
                 "outputs": {o: self.registry.get(f"{tree.OUTPUTS}/{o}") for o in self.registry.children(tree.OUTPUTS)}}
 
     def close(self) -> None:
-        for stop in self._subscriptions:
-            stop.set()
+        for subscription in self._subscriptions:
+            subscription.cancel()
         self.client.close()
-        self.registry.close()
+        self.path.close()
 
     def __enter__(self) -> "ConnectedEngine":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _rows(client: EngineClient, output: str, offsets: dict, start: dict) -> tuple[list[pa.Table], dict]:
+    """The rows of ``output`` from positions ``start`` to ``offsets["latest"]``, and those latest positions."""
+    out = []
+    for p, end in sorted(offsets["latest"].items()):
+        s = start.get(p, offsets["earliest"].get(p, 0))
+        if end > s:
+            rows = client.read(output, p, s, end, engine=offsets["engine"], deployment=offsets["deployment"])
+            out.append(rows.drop_columns([SEQ]))
+    return out, dict(offsets["latest"])

@@ -43,10 +43,11 @@ def run(args) -> int:
     query = load_query(args.file)
     try:
         with ConnectedEngine(zk_address(args.zk), auth.read(args.token_file)) as engine:
-            result = engine.deploy(query, parallelism=args.parallelism, bins=args.bins, replicas=args.replicas)
+            deployed = engine.deploy(query, parallelism=args.parallelism, bins=args.bins, replicas=args.replicas)
+            explain = deployed.explain()
     except SparkcepError as e:
         print(f"sparkcep deploy: {e} [{e.code}]", file=sys.stderr)
         return 1
-    print(f"deployed {query.name} as {result['deployment']}")
-    print(result["explain"])
+    print(f"deployed {query.name} as {deployed.id}")
+    print(explain)
     return 0

@@ -142,7 +142,7 @@ class Orchestrator:
             answer = self._deploy(request) if request.get("kind") == "deploy" else self._undeploy(request)
             result = {"ok": True, **answer}
         except SparkcepError as e:
-            result = {"ok": False, "error": str(e), "code": e.code}
+            result = {"ok": False, "error": str(e), "code": e.code, "type": type(e).__name__}
             log.warning("orchestrator %s: request %s failed: %s [%s]", self.name, name, e, e.code)
         with self.registry.transaction() as t:
             t.set(f"{tree.RESULTS}/{name}", result)

@@ -347,7 +347,7 @@ def _replication(out: _Families, q: str, rep: dict) -> None:
 
 
 _ENDPOINT_COUNTERS = ("requests", "rows_in", "rows_out", "unauthenticated", "bad_frames", "batch_commits",
-                      "committed_partitions", "duplicate_batches")
+                      "committed_partitions", "duplicate_batches", "duplicate_sends")
 
 
 def _endpoint(out: _Families, e: dict | None) -> None:

@@ -31,10 +31,12 @@ import pyarrow as pa
 
 from sparkcep import errors
 from sparkcep import auth
+from sparkcep.core.ingest import to_batches
 from sparkcep.gateway import discovery
 from sparkcep.gateway.discovery import EngineNotFoundError
 from sparkcep.gateway.protocol import ProtocolError, chunk_bytes, chunks, from_ipc, recv_frame, send_frame, to_ipc
 from sparkcep.runtime.channels import hello
+from sparkcep.schema import as_schema
 
 TOKEN_FILE_ENV = "SPARKCEP_TOKEN_FILE"
 _HANG_UP = ("UNAUTHENTICATED", "FRAME_TOO_LARGE", "PROTOCOL")  # errors after which the endpoint closes
@@ -100,6 +102,7 @@ class EngineClient:
         self._token_file = token_file
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
+        self._schemas: dict = {}  # input stream -> (its Schema, its time field), as the engine said
 
     @classmethod
     def connect(cls, engine: str | None = None, timeout: float = 60.0, token: str | None = None,
@@ -135,24 +138,52 @@ class EngineClient:
         """
         return self.request("schema", stream=stream, **_drop_none({"form": form}))[0]
 
-    def send(self, stream: str, data: pa.Table | pa.RecordBatch) -> int:
+    def send(self, stream: str, data, send_id: str | None = None) -> int:
         """Send ``data`` into input ``stream`` as one engine send; returns the rows taken.
 
-        Data larger than one request is staged in pieces under a private
-        writer id and committed at once: still all or nothing.
+        ``data`` is what :meth:`sparkcep.Engine.send` takes (an Arrow table or
+        record batch, a pandas DataFrame with any index, a dict of lists or
+        numpy arrays), converted and checked here as the engine does
+        (:mod:`sparkcep.core.ingest`, against the stream's schema), so bad
+        input gets the same error before anything travels. ``send_id``: the
+        engine takes a send id once; sent again, it answers what it took
+        (a retry after a lost reply takes nothing twice). Data larger than
+        one request is staged in pieces under a writer id of the send and
+        committed at once: still all or nothing.
         """
-        table = pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
+        table = self._validated(stream, data)
+        if not table.num_rows:
+            return 0
+        send_id = send_id or uuid.uuid4().hex
         pieces = list(chunks(table.to_batches(), chunk_bytes()))
-        if len(pieces) <= 1:
-            return self.request("send", to_ipc(table.to_batches(), table.schema), stream=stream)[0]["rows"]
-        writer = f"client-{uuid.uuid4().hex}"
-        for k, piece in enumerate(pieces):
-            run = self.stage(stream, writer, 0, 0, "0", k, piece)["engine"]
         try:
-            return self.commit_stage(stream, writer, 0, [(0, "0", table.num_rows, run)])["rows"]
-        except errors.SparkcepError:
-            self.abort_stage(writer, 0)
+            if len(pieces) <= 1:
+                return self.request("send", to_ipc(table.to_batches(), table.schema), stream=stream,
+                                    send_id=send_id)[0]["rows"]
+            writer = f"client-{send_id}"
+            for k, piece in enumerate(pieces):
+                run = self.stage(stream, writer, 0, 0, "0", k, piece)["engine"]
+            try:
+                reply = self.commit_stage(stream, writer, 0, [(0, "0", table.num_rows, run)])
+            except errors.SparkcepError as e:
+                if not isinstance(e, EngineNotFoundError):  # refused for good: what it staged goes
+                    self.abort_stage(writer, 0)
+                raise
+            return table.num_rows if reply["duplicate"] else reply["rows"]
+        except (errors.InputError, errors.UnknownStreamError):
+            self._schemas.pop(stream, None)  # the stream may have been deployed again since it was looked up
             raise
+
+    def _validated(self, stream: str, data) -> pa.Table:
+        """``data`` as the stream's Arrow table, converted and checked as the engine does."""
+        if stream not in self._schemas:
+            h = self.schema(stream)
+            if h["kind"] != "input":
+                raise errors.UnknownStreamError(f"no deployed query reads a stream named {stream!r} (it is an "
+                                                f"{h['kind']} stream)", "UNKNOWN_STREAM")
+            self._schemas[stream] = (as_schema(h["fields"]), h.get("time_field"))
+        schema, time_field = self._schemas[stream]
+        return pa.Table.from_batches(to_batches(stream, schema, data, time_field), schema.to_arrow())
 
     def stage(self, stream: str, writer: str, batch: int, partition: int, attempt: str, chunk: int,
               batches: list[pa.RecordBatch]) -> dict:

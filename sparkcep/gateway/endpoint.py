@@ -17,7 +17,8 @@ counted (``unauthenticated``) and logged once per peer host. A frame over
 the size limits of :mod:`sparkcep.gateway.protocol` gets
 ``FRAME_TOO_LARGE`` before anything is allocated for it, and its
 connection is closed too. Payloads are Arrow IPC, headers JSON; only
-``deploy`` carries a pickle (the query), from a peer that proved the token.
+``deploy`` carries a pickle (the query), from a peer that proved the token, and
+only ``deployed`` answers with one, to a peer that proved it.
 
 Operations (the ``op`` of a request):
 
@@ -30,13 +31,19 @@ stage              append a chunk of a writer's (batch, partition) rows
 commit_stage       one engine send of a batch's staged partitions, in order
 abort_stage        drop a batch's staged rows
 end                end of input for a stream
-offsets            earliest/latest retained position per output partition
+offsets            earliest/latest retained position per output partition (``settle``:
+                   once the output reflects every send made so far)
 read               rows [start, end) of one output partition, up to a byte budget
 register           hold an output's rows for a consumer from now on
 commit             a consumer is past these positions: release what all passed
 metrics            the engine's metrics plus the endpoint's counters
 register_im        use the instance manager serving at ``address`` (an executor's)
 instance_managers  the engine's instance managers
+deploy             deploy the query pickled in the payload, with ``deploy()``'s options
+deployed           the id of a deployed query, the query pickled in the payload
+deployment         call a method of a deployed query (``migrate``, ``rescale``, ...)
+undeploy           stop a deployed query
+shutdown           stop the process serving the engine (an engine host only)
 =================  ============================================================
 
 Requests about output positions (``offsets``, ``read``, ``register``,
@@ -58,6 +65,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import OrderedDict
 import socket
 import sys
 import threading
@@ -69,7 +77,9 @@ import numpy as np
 import pyarrow as pa
 
 from sparkcep import auth
+from sparkcep.deployed import CALLS
 from sparkcep.gateway import discovery
+from sparkcep.gateway.deployed import from_wire, options_from_wire, to_wire
 from sparkcep.gateway.protocol import ProtocolError, from_ipc, read_head, read_payload, send_frame, to_ipc
 from sparkcep.gateway.staging import Staging
 from sparkcep.core.pages import scratch
@@ -98,7 +108,8 @@ class Endpoint:
         self.metrics_interval = 1.0
         self._last_sample = dict.fromkeys(self.metrics_logs, 0.0)
         self.counters = {"requests": 0, "rows_in": 0, "rows_out": 0, "unauthenticated": 0, "bad_frames": 0,
-                         "batch_commits": 0, "committed_partitions": 0, "duplicate_batches": 0}
+                         "batch_commits": 0, "committed_partitions": 0, "duplicate_batches": 0, "duplicate_sends": 0}
+        self.sent = SendIds()
         self._refused_hosts: set[str] = set()
         self.gate = hello.Gate(engine.token)
         self._server = socket.create_server((host, port))
@@ -266,11 +277,16 @@ class Endpoint:
                                      f"{sorted(self.engine.outputs) + [METRICS]}")
 
     def _op_send(self, h, payload):
-        table = from_ipc(payload)
+        table, send_id = from_ipc(payload), h.get("send_id")
         with self.lock:
+            if send_id is not None and send_id in self.sent:
+                self.counters["duplicate_sends"] += 1
+                return {"rows": self.sent[send_id], "duplicate": True}, b""
             n = self.engine.send(h["stream"], table) if table is not None and table.num_rows else 0
             self.counters["rows_in"] += n
-        return {"rows": n}, b""
+            if send_id is not None:
+                self.sent.add(str(send_id), n)
+        return {"rows": n, "duplicate": False}, b""
 
     def _op_stage(self, h, payload):
         stream = h["stream"]
@@ -314,6 +330,8 @@ class Endpoint:
 
     def _op_offsets(self, h, _):
         log_ = self._output_log(h)
+        if h.get("settle"):  # as collect(): once the output reflects every send and end made so far
+            self.engine._settle(h["stream"], h.get("timeout"))
         if h["stream"] == METRICS:
             self._sample_metrics(_form(h), h.get("interval"))
         earliest, latest = log_.earliest(), log_.latest()
@@ -356,9 +374,27 @@ class Endpoint:
     def _op_deploy(self, h, payload):
         """Deploy the query pickled in the payload (the caller proved the token) with ``options``."""
         query = cloudpickle.loads(memoryview(payload))
-        dep = self.engine.deploy(query, **h.get("options", {}))
+        dep = self.engine.deploy(query, **options_from_wire(h.get("options", {})))
         return {"deployment": dep.id, "explain": dep.explain(), "streams": sorted(query.sources),
                 "outputs": sorted(query.outputs)}, b""
+
+    def _op_deployment(self, h, _):
+        """Call ``method`` (one of :data:`sparkcep.deployed.CALLS`) of deployed query ``query`` with ``args``."""
+        method = h.get("method")
+        if method not in CALLS:
+            raise EngineError(f"a deployed query has no method {method!r}; methods: {', '.join(CALLS)}", "UNKNOWN_OP")
+        handle = self.engine.deployment(h.get("query"))
+        args = from_wire(method, h.get("args") or {})
+        try:
+            result = handle.parallelism if method == "parallelism" else getattr(handle, method)(**args)
+        except TypeError as e:
+            raise InputError(f"deployment {method}: {e}", "BAD_REQUEST") from None
+        return {"result": to_wire(method, result, result=True)}, b""
+
+    def _op_deployed(self, h, _):
+        """The id of deployed query ``query``; the payload: the query, pickled."""
+        handle = self.engine.deployment(h.get("query"))
+        return {"deployment": handle.id}, cloudpickle.dumps(handle.query)
 
     def _op_undeploy(self, h, _):
         self.engine.undeploy(h.get("query"))
@@ -392,6 +428,25 @@ class Endpoint:
         rows = {"time": [stamp] * len(names), "name": names, "value": values} if form == "long" else \
             {"time": [stamp], "names": [names], "values": [values]}
         log_.append(0, pa.RecordBatch.from_pydict(rows, schema=log_.schema))
+
+
+class SendIds:
+    """The rows each of the last ``keep`` send ids took: a send retried after a lost reply is taken
+    once (clients put a fresh id on each send and the same on its retries)."""
+
+    def __init__(self, keep: int = 1 << 16):
+        self.keep, self._rows = keep, OrderedDict()
+
+    def __contains__(self, send_id) -> bool:
+        return send_id in self._rows
+
+    def __getitem__(self, send_id) -> int:
+        return self._rows[send_id]
+
+    def add(self, send_id: str, rows: int) -> None:
+        self._rows[send_id] = rows
+        while len(self._rows) > self.keep:
+            self._rows.popitem(last=False)
 
 
 def start_endpoint(engine, listen: str = "127.0.0.1:0", publish: bool = True) -> Endpoint:

@@ -16,12 +16,13 @@ import logging
 import threading
 from collections import deque
 
-from sparkcep.arguments import closest
+from sparkcep.arguments import closest, integer
 from sparkcep.errors import EngineError, QueryError
 from sparkcep.migration import plan
 from sparkcep.migration.megaphone import migrate_bins
 from sparkcep.migration.report import Watch
 from sparkcep.migration.state_transfer import switch
+from sparkcep.runtime.deployment import parallelism_of
 from sparkcep.runtime.handoff import ENGINE_HOST
 from sparkcep.runtime.placement import extend
 
@@ -45,22 +46,23 @@ class Migrator:
                 gap_ms: float = 0.0) -> dict:
         """Move bins of route-key ``operator``: ``assignment`` {bin: instance}; see :mod:`.plan`."""
         dep = self._first()
+        self._subquery(dep, operator)
         plan.check_strategy(strategy)
-        _check_batch(batch)
+        batch = _batch(batch)
         table = dep._table(operator)
-        if not isinstance(assignment, dict):
-            raise QueryError(f"migrate() takes {{bin: instance}}, got {type(assignment).__name__}", "BAD_BIN")
         new = plan.table_from(table.owners.tolist(), assignment, table.instances)
+        gap_s = _gap_s(gap_ms)
         return self._run(operator, "migrate", strategy, lambda watch: self._bins(operator, new, strategy, batch,
-                                                                                   gap_ms / 1e3, watch))
+                                                                                   gap_s, watch))
 
     def move(self, operator: str, instance: int, to: str) -> dict:
         """State Transfer: instance ``instance`` of ``operator``'s sub-query to instance manager ``to``."""
         dep = self._first()
         sq = self._subquery(dep, operator)
         n = dep.parallelism[sq]
-        if not isinstance(instance, int) or isinstance(instance, bool) or not 0 <= instance < n:
-            raise QueryError(f"{operator!r} has instances 0..{n - 1}, not {instance!r}", "BAD_INSTANCE")
+        instance = integer(instance, "instance", code="BAD_INSTANCE")
+        if not 0 <= instance < n:
+            raise QueryError(f"{operator!r} has instances 0..{n - 1}, not {instance}", "BAD_INSTANCE")
         target = self._instance_manager(to)
 
         def run(watch):
@@ -76,12 +78,13 @@ class Migrator:
         dep = self._first()
         sq = self._subquery(dep, operator)
         plan.check_strategy(strategy)
-        _check_batch(batch)
-        if not isinstance(instances, int) or isinstance(instances, bool) or instances < 1:
-            raise QueryError(f"instances must be an int >= 1, got {instances!r}", "BAD_INSTANCE")
+        batch = _batch(batch)
+        instances = integer(instances, "instances", minimum=1, code="BAD_INSTANCE")
+        gap_s = _gap_s(gap_ms)
         if instances > 1 and not dep.plan.sq_of[operator].parallelizable:
             raise QueryError(f"{operator!r} is a global aggregate (no by=): it runs as one instance", "BAD_INSTANCE")
         dep._table(operator)
+        parallelism_of(dep.plan, {operator: instances}, dep.bins)  # an instance owns at least one bin
 
         def run(watch):
             reps = self.replicas()
@@ -90,7 +93,7 @@ class Migrator:
                 for d in reps:
                     switch(d, self.lock, {**d.parallelism, sq: instances}, self._grown(d, sq, instances), watch)
             new = plan.even_owners(reps[0].bin_owners(operator), instances)
-            self._bins(operator, new, strategy, batch, gap_ms / 1e3, watch)
+            self._bins(operator, new, strategy, batch, gap_s, watch)
             if instances < n:  # the instances left over hold no bins now
                 for d in reps:
                     placement = None if self.cluster is None else {
@@ -173,9 +176,18 @@ class Migrator:
         return {"running": running, "finished": list(self.reports)}
 
 
-def _check_batch(batch) -> None:
-    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
-        raise QueryError(f"batch must be an int >= 1, got {batch!r}", "BAD_OPTION")
+def _batch(batch) -> int:
+    return integer(batch, "batch", minimum=1, code="BAD_OPTION")
+
+
+def _gap_s(gap_ms) -> float:
+    """``gap_ms`` in seconds; a number >= 0 (numpy's too), else BAD_OPTION."""
+    if isinstance(gap_ms, bool) or not isinstance(gap_ms, (int, float)) and not hasattr(gap_ms, "__float__"):
+        raise QueryError(f"gap_ms must be a number of milliseconds >= 0, got {gap_ms!r}", "BAD_OPTION")
+    gap = float(gap_ms)
+    if not gap >= 0:
+        raise QueryError(f"gap_ms must be a number of milliseconds >= 0, got {gap_ms!r}", "BAD_OPTION")
+    return gap / 1e3
 
 
 def _held(dep, operator: str, instance: int) -> list[int]:

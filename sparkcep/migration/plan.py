@@ -13,7 +13,7 @@ epoch:
 
 from __future__ import annotations
 
-from sparkcep.arguments import closest
+from sparkcep.arguments import closest, integer
 from sparkcep.errors import QueryError
 
 STRATEGIES = ("all-at-once", "fluid", "batched")
@@ -82,14 +82,25 @@ def even_owners(owners: list[int], instances: int) -> list[int]:
     return new
 
 
-def table_from(owners: list[int], assignment: dict, instances: int) -> list[int]:
+def assignment_of(assignment) -> dict[int, int]:
+    """``{bin: instance}`` from any mapping of integers (numpy's too): QueryError BAD_BIN / BAD_INSTANCE."""
+    if not hasattr(assignment, "items"):
+        raise QueryError(f"migrate() takes {{bin: instance}}, got {type(assignment).__name__}", "BAD_BIN")
+    out = {}
+    for b, i in assignment.items():
+        b = integer(b, "a bin", code="BAD_BIN")
+        out[b] = integer(i, f"the instance for bin {b}", code="BAD_INSTANCE")
+    return out
+
+
+def table_from(owners: list[int], assignment, instances: int) -> list[int]:
     """``owners`` changed by ``assignment`` {bin: instance}, each checked (QueryError BAD_BIN / BAD_INSTANCE)."""
     new = list(owners)
-    for b, i in assignment.items():
-        if not isinstance(b, int) or isinstance(b, bool) or not 0 <= b < len(owners):
-            raise QueryError(f"bin {b!r} is out of range: the operator has bins 0..{len(owners) - 1}", "BAD_BIN")
-        if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < instances:
-            raise QueryError(f"instance {i!r} (for bin {b}) does not exist: the operator has instances "
+    for b, i in assignment_of(assignment).items():
+        if not 0 <= b < len(owners):
+            raise QueryError(f"bin {b} is out of range: the operator has bins 0..{len(owners) - 1}", "BAD_BIN")
+        if not 0 <= i < instances:
+            raise QueryError(f"instance {i} (for bin {b}) does not exist: the operator has instances "
                              f"0..{instances - 1}", "BAD_INSTANCE")
         new[b] = i
     return new

@@ -86,6 +86,14 @@ class ReplicaSet:
             out.append({"replica": r, "state": state, "instance_managers": ims})
         return out
 
+    def explain(self) -> str:
+        """The plan with every replica's instances, where each runs, and the replica's state."""
+        lines: dict[str, list[str]] = {}
+        for r, (dep, state) in enumerate(zip(self.members, self.states)):
+            for sq, where in dep.placement_lines().items():
+                lines.setdefault(sq, []).extend(f"replica {r} ({state}) {w}" for w in where)
+        return self.primary.plan.explain(lines, self.primary.parallelism)
+
     # --- the data path, as the engine drives one deployment --------------------------------
     def _each(self, act) -> None:
         """``act(replica)`` for every fed replica; one that fails is lost, the rest go on."""

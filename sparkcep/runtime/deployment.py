@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 
+from sparkcep.arguments import closest, integer
 from sparkcep.core import columns
 from sparkcep.core.operators import WM_END, WM_NONE
 from sparkcep.errors import EngineError, OperatorError, QueryError
@@ -60,27 +61,44 @@ class SourceState:
         return WM_END if self.ended else self.max_ts
 
 
-def parallelism_of(p: Plan, parallelism) -> dict[str, int]:
-    """Instances per sub-query from an int or a dict {operator name: instances}."""
-    if isinstance(parallelism, int) and not isinstance(parallelism, bool):
-        if parallelism < 1:
-            raise QueryError(f"parallelism must be >= 1, got {parallelism}")
-        out = {sq.name: parallelism if sq.parallelizable else 1 for sq in p.subqueries}
-    elif isinstance(parallelism, dict):
+MAX_BINS = 1 << 16  # bins per stateful operator: each router and instance keeps a table of them
+
+
+def parallelism_of(p: Plan, parallelism, bins: int | None = None) -> dict[str, int]:
+    """Instances per sub-query from an int or a mapping {operator name: instances}; at most ``bins``
+    instances per sub-query (``TOO_MANY_INSTANCES``: an instance owns at least one bin)."""
+    if hasattr(parallelism, "items"):
         out = {sq.name: 1 for sq in p.subqueries}
         for name, n in parallelism.items():
             if name not in p.sq_of:
-                raise QueryError(f"parallelism names operator {name!r}, which query {p.query.name!r} "
-                                 f"does not have; operators: {sorted(p.sq_of)}")
+                near = closest(str(name), p.sq_of)
+                raise QueryError(f"parallelism names operator {name!r}, which query {p.query.name!r} does not "
+                                 f"have{f' (did you mean {near!r}?)' if near else ''}; operators: {sorted(p.sq_of)}",
+                                 "UNKNOWN_OPERATOR")
             sq = p.sq_of[name]
-            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-                raise QueryError(f"parallelism of {name!r} must be an int >= 1, got {n!r}")
+            n = integer(n, f"parallelism of {name!r}", minimum=1, code="BAD_PARALLELISM")
             if n > 1 and not sq.parallelizable:
-                raise QueryError(f"{name!r} is a global aggregate (no by=): it runs as one instance")
+                raise QueryError(f"{name!r} is a global aggregate (no by=): it runs as one instance",
+                                 "BAD_PARALLELISM")
             out[sq.name] = n
     else:
-        raise QueryError(f"parallelism must be an int or a dict {{operator name: instances}}, got {parallelism!r}")
+        n = integer(parallelism, "parallelism (an int or {operator name: instances})", minimum=1,
+                    code="BAD_PARALLELISM")
+        out = {sq.name: n if sq.parallelizable else 1 for sq in p.subqueries}
+    for sq in p.subqueries:
+        if bins is not None and out[sq.name] > bins:
+            ops = ", ".join(op.name for op in sq.operators)
+            raise QueryError(f"{out[sq.name]} instances of {sq.name} ({ops}) exceed its {bins} bins: an instance "
+                             f"owns at least one bin (deploy with more bins, up to {MAX_BINS})", "TOO_MANY_INSTANCES")
     return out
+
+
+def bins_of(bins) -> int:
+    """``bins`` checked: a power of two from 1 to :data:`MAX_BINS` (``BAD_BINS``)."""
+    n = integer(bins, "bins", minimum=1, maximum=MAX_BINS, code="BAD_BINS")
+    if n & (n - 1):
+        raise QueryError(f"bins must be a power of two, got {n}", "BAD_BINS")
+    return n
 
 
 @dataclass
@@ -120,12 +138,10 @@ class Deployment:
 
     def __init__(self, id: str, query: Query, parallelism=1, bins: int = 128, retain: bool = True,
                  handoffs: Handoffs | None = None, board: Board | None = None, lock=None):
-        if not isinstance(bins, int) or bins < 1 or bins & (bins - 1):
-            raise QueryError(f"bins must be a power of two, got {bins}")
-        self.id, self.query, self.bins = id, query, bins
+        self.id, self.query, self.bins = id, query, bins_of(bins)
         self.replica: int | None = None  # which replica of a replicated deployment it is
         self.plan = plan(query)
-        self.parallelism = parallelism_of(self.plan, parallelism)
+        self.parallelism = parallelism_of(self.plan, parallelism, self.bins)
         self.tables = bin_tables(Layout(self.plan, self.parallelism), bins)  # authoritative; routers hold copies
         self.board = board or Board()
         self.handoffs = handoffs or Handoffs(ENGINE_HOST, report=self.board.installed)
@@ -333,7 +349,9 @@ class Deployment:
 
     def _table(self, operator: str):
         if operator not in self.tables:
-            raise QueryError(f"query {self.query.name!r} has no route-key operator named {operator!r} "
+            near = closest(str(operator), self.tables)
+            raise QueryError(f"query {self.query.name!r} has no route-key operator named {operator!r}"
+                             f"{f' (did you mean {near!r}?)' if near else ''} "
                              f"(a stateful operator with by=/on= keys on more than one instance); "
                              f"bin tables: {sorted(self.tables)}", "UNKNOWN_OPERATOR")
         return self.tables[operator]

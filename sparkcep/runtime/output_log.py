@@ -153,6 +153,14 @@ class OutputLog:
         self.held_rows -= rows
         self.held_bytes -= nbytes
 
+    def subscribe(self, callback: Callable[[pa.RecordBatch], None],
+                  on_error: Callable[[Exception], None] | None = None) -> "Subscription":
+        """``callback`` gets every batch appended from now on, ``on_error`` the query's failure."""
+        self.subscribers.append(callback)
+        if on_error is not None:
+            self.on_error.append(on_error)
+        return Subscription(lambda: _discard(self.subscribers, callback) or _discard(self.on_error, on_error))
+
     def fail(self, error: Exception) -> None:
         """The query producing this output failed: tell the error subscribers, once."""
         if self.error is None:
@@ -284,3 +292,20 @@ class OutputLog:
             lows = {p: min(c.get(p, 0) for c in self._consumers.values()) for p in parts}
         for p, low in lows.items():
             self.release(p, low)
+
+
+class Subscription:
+    """What ``subscribe`` returns, on every engine: ``cancel()`` stops the callbacks (idempotent)."""
+
+    def __init__(self, stop: Callable[[], object]):
+        self._stop, self.cancelled = stop, False
+
+    def cancel(self) -> None:
+        if not self.cancelled:
+            self.cancelled = True
+            self._stop()
+
+
+def _discard(items: list, item) -> None:
+    if item in items:
+        items.remove(item)

@@ -120,7 +120,7 @@ def test_the_leader_dies_mid_stream_and_nothing_of_the_data_path_notices(cluster
     q = query("fail_over")
     result = engine.deploy(q, parallelism=3)
     assert {f"w{i}" for i in range(3)} <= {line.split("instance manager ")[1].split(" ")[0]
-                                            for line in result["explain"].splitlines() if "instance manager" in line}
+                                            for line in result.explain().splitlines() if "instance manager" in line}
     batches = [batch(i) for i in range(120)]
     errors, sent = [], []
 
@@ -147,7 +147,7 @@ def test_the_leader_dies_mid_stream_and_nothing_of_the_data_path_notices(cluster
     got = wait(lambda: (t := engine.collect("fail_over_out")).num_rows and t, "the output")
     assert_same_rows(plain(got), plain(reference(query("fail_over"), batches)), "through the fail-over")
     again = engine.deploy(query("after"), parallelism=2)  # through the new leader
-    assert again["deployment"].startswith("after#")
+    assert again.id.startswith("after#")
     engine.send("after_in", batch(0))
     engine.close()
 

@@ -175,7 +175,7 @@ def test_a_cluster_query_spans_the_executors_and_spark_writes_and_reads_it_throu
     deployed = engine.deploy(big_per_ip_query("cluster_q"), parallelism=2)  # through the leading orchestrator
     hosted = {im["name"]: im["instances"] for im in engine.instance_managers()}
     assert sorted(hosted) == members and all(hosted.values()), hosted  # every executor hosts instances of it
-    assert all(m in deployed["explain"] for m in members), deployed["explain"]
+    assert all(m in deployed.explain() for m in members), deployed.explain()
     assert registry.get(f"{tree.STREAMS}/connections")["query"] == "cluster_q"
 
     wrote = driver.run("write", 300, source=str(work / "in"), schema=SPARK_DDL, engine=zk, token_file=token_file,

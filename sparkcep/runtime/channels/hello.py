@@ -154,7 +154,8 @@ def greet(sock: socket.socket, fields: dict, token: str, deadline: float, peer: 
     if challenge.get("ok") is False:
         return challenge
     if not _proves(challenge.get("proof"), token, "service", nonce, challenge.get("nonce")):
-        raise AuthError(f"{peer} does not hold the engine's token: it could not prove it")
+        raise AuthError(f"{peer} and this side hold different tokens: {peer} proved a token other than the one "
+                        "given here; check the token (token=, token_file=, --token-file) this side was given")
     send_frame(sock, {"proof": _proof(token, "client", challenge["nonce"], nonce)}, deadline)
     return read_frame(sock, deadline)
 

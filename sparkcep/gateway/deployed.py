@@ -1,0 +1,85 @@
+"""A deployed query of an engine reached through its endpoint: what ``Engine.connect(...).deploy`` returns.
+
+:class:`ClientDeployed` is :class:`sparkcep.deployed.Deployed` over the
+endpoint's ``deployment`` operation: the engine runs the same method of the
+same handle ``Engine.local(...).deploy`` returns, so results and error codes
+are the same. Arguments and results cross as JSON; the two that JSON cannot
+hold as they are (an ``assignment`` keyed by bin, ``instance_metrics`` keyed
+by ``(sub-query, index)``) travel as lists of pairs (:func:`to_wire`,
+:func:`from_wire`).
+"""
+
+from __future__ import annotations
+
+import operator
+
+from sparkcep.deployed import Deployed
+from sparkcep.errors import QueryError
+from sparkcep.runtime.output_log import Retention
+
+
+def to_wire(method: str, value, result: bool = False):
+    """``value`` (the arguments of ``method``, or its ``result``) as JSON holds it."""
+    if not result and method == "migrate":
+        return {**value, "assignment": [[b, i] for b, i in value["assignment"].items()]}
+    if result and method == "instance_metrics":
+        return [[sq, i, m] for (sq, i), m in value.items()]
+    return value
+
+
+def from_wire(method: str, value, result: bool = False):
+    """The inverse of :func:`to_wire`."""
+    if not result and method == "migrate":
+        return {**value, "assignment": {int(b): int(i) for b, i in value["assignment"]}}
+    if result and method == "instance_metrics":
+        return {(sq, int(i)): m for sq, i, m in value}
+    return value
+
+
+def options_to_wire(options: dict) -> dict:
+    """``deploy()``'s keyword arguments as JSON holds them (a ``Retention`` as a dict, integers plain)."""
+    out = dict(options)
+    retain = out.get("retain")
+    if isinstance(retain, Retention):
+        out["retain"] = {"rows": retain.rows, "bytes": retain.bytes, "age_s": retain.age_s}
+    elif retain is not None and not isinstance(retain, bool):
+        raise QueryError(f"retain={retain!r}: expected True, False or a cep.Retention", "BAD_RETENTION")
+    parallelism = out.get("parallelism")
+    if hasattr(parallelism, "items"):
+        out["parallelism"] = {str(k): _plain(v) for k, v in parallelism.items()}
+    elif parallelism is not None:
+        out["parallelism"] = _plain(parallelism)
+    for key in ("bins", "replicas"):
+        if key in out:
+            out[key] = _plain(out[key])
+    return out
+
+
+def options_from_wire(options: dict) -> dict:
+    """The inverse of :func:`options_to_wire`."""
+    out = dict(options)
+    if isinstance(out.get("retain"), dict):
+        out["retain"] = Retention(**out["retain"])
+    return out
+
+
+def _plain(value):
+    """An integer as JSON holds it (numpy's made a Python int); anything else as it is, for the engine's checks."""
+    try:
+        return value if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        return value
+
+
+class ClientDeployed(Deployed):
+    """Query ``query`` deployed as ``id`` on the engine that ``connect()`` reaches: a fresh client per call,
+    so a long migration does not hold up the sends of the engine object it came from."""
+
+    def __init__(self, id: str, query, connect):
+        super().__init__(id, query)
+        self._connect = connect
+
+    def _call(self, method: str, **args):
+        with self._connect() as client:
+            header, _ = client.request("deployment", query=self.name, method=method, args=to_wire(method, args))
+        return from_wire(method, header["result"], result=True)
