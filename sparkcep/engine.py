@@ -31,10 +31,12 @@ from sparkcep.migration.migrator import Migrator
 from sparkcep.replication.catchup import start_rebuild
 from sparkcep.replication.replicas import ReplicaSet
 from sparkcep.query.query import Query
+from sparkcep.runtime import capacity
 from sparkcep.runtime.deployment import Deployment
 from sparkcep.runtime.handoff import ENGINE_HOST, Board, Handoffs
 from sparkcep.runtime.metrics import MetricServer, add_rates, deployment_metrics, late_counts
 from sparkcep.runtime.output_log import OutputLog, Retention, Subscription
+from sparkcep.runtime.topology import Topology
 
 log = logging.getLogger("sparkcep")
 
@@ -52,6 +54,10 @@ class Engine:
                  ring_bytes: int | None = None, standby: int = 0):
         workers = integer(workers, "workers", minimum=0, error=EngineError, code="WORKERS")
         standby = integer(standby, "standby", minimum=0, error=EngineError, code="WORKERS")
+        if ring_bytes is not None:
+            ring_bytes = capacity.ring_bytes_of(ring_bytes)
+        if workers or standby:  # before anything is started
+            capacity.check_workers(workers + standby, len(Topology.load(topology).cpus))
         if isinstance(instance_managers, str):
             instance_managers = [instance_managers]
         self.workers = workers
@@ -74,6 +80,8 @@ class Engine:
         self._topology, self._ring_bytes = topology, ring_bytes
         self.cluster = None
         self.endpoint = None  # the loopback endpoint, started by local()
+        self.journal = None  # a cluster's data path: what it takes reaches its standby first (sparkcep.control.datapath)
+        self.wait_workers_s = 0.0  # a deployment waits this long for instance managers to join (a cluster's)
         if workers or instance_managers or standby:
             self._cluster().adopt_all(instance_managers)
             if workers or standby:
@@ -195,7 +203,7 @@ class Engine:
         if not isinstance(query, Query):
             raise QueryError(f"deploy() takes a Query, got {type(query).__name__}")
         if query.name in self.deployments:
-            raise QueryError(f"a query named {query.name!r} is already deployed")
+            raise QueryError(f"a query named {query.name!r} is already deployed", "ALREADY_DEPLOYED")
         clash = [o for o in query.outputs if o in self.outputs or o in self.streams]
         if clash:
             raise QueryError(f"output {clash[0]!r} of query {query.name!r} is already a stream of this engine")
@@ -207,32 +215,57 @@ class Engine:
             if name in self.outputs:
                 raise QueryError(f"stream {name!r} is an output of another query")
         replicas = integer(replicas, "replicas", minimum=1, code="BAD_REPLICAS")
+        self._await_workers(replicas)
         with self._lock:
-            dep_id = f"{query.name}#{next(self._deployment_ids)}"
-            changes = threading.Lock()  # held while its wiring or bin tables change
-            remote = self.cluster is not None and not self.cluster.in_process()
-            if replicas == 1:
-                dep = self._deployment(dep_id, query, parallelism, bins, retain, None)
-                migrator = Migrator(lambda: [dep], self._lock, changes, self.cluster if remote else None)
-            else:
-                dep = self._replicated(dep_id, query, parallelism, bins, retain, replicas, changes, remote)
-                migrator = Migrator(dep.running, self._lock, changes, self.cluster if remote else None)
-            dep.on_fail.append(lambda error: [out.fail(error) for out in dep.logs.values()])
-            for out in query.outputs:
-                self.outputs[out] = dep.logs[out]
-                self._producer[out] = dep
-            for name in query.sources:
-                self.streams.setdefault(name, []).append(dep)
-            self.deployments[query.name] = dep
-            handle = self._deployed[query.name] = LocalDeployed(dep, migrator)
-            if balance and dep.runners:
-                log.warning("query %s: balance=True, but its instances run in the engine's process: "
-                            "there is nothing to balance", query.name)
-            elif balance:
-                if self._balancer is None:
-                    self._balancer = Balancer(self.cluster)
-                self._balancer.watch(dep, migrator)
+            capacity.check_deployment(query, parallelism, bins, replicas, retain, self.cluster)
+            handle = self._deploy(f"{query.name}#{next(self._deployment_ids)}", query, parallelism, bins, retain,
+                                  balance, replicas)
+            if self.journal is not None:
+                self.journal.deployed(handle.id, query, {"parallelism": parallelism, "bins": bins, "retain": retain,
+                                                         "balance": balance, "replicas": replicas})
         return handle
+
+    def _deploy(self, dep_id: str, query: Query, parallelism, bins, retain, balance: bool,
+                replicas: int) -> LocalDeployed:
+        """Deploy ``query`` as ``dep_id`` (holding the engine's lock; arguments checked by :meth:`deploy`)."""
+        changes = threading.Lock()  # held while its wiring or bin tables change
+        remote = self.cluster is not None and not self.cluster.in_process()
+        if replicas == 1:
+            dep = self._deployment(dep_id, query, parallelism, bins, retain, None)
+            migrator = Migrator(lambda: [dep], self._lock, changes, self.cluster if remote else None)
+        else:
+            dep = self._replicated(dep_id, query, parallelism, bins, retain, replicas, changes, remote)
+            migrator = Migrator(dep.running, self._lock, changes, self.cluster if remote else None)
+        migrator.on_change = self._reconfigured
+        dep.on_fail.append(lambda error: [out.fail(error) for out in dep.logs.values()])
+        for out in query.outputs:
+            self.outputs[out] = dep.logs[out]
+            self.outputs[out].journal = self.journal
+            self._producer[out] = dep
+        for name in query.sources:
+            self.streams.setdefault(name, []).append(dep)
+        self.deployments[query.name] = dep
+        handle = self._deployed[query.name] = LocalDeployed(dep, migrator)
+        if balance and dep.runners:
+            log.warning("query %s: balance=True, but its instances run in the engine's process: "
+                        "there is nothing to balance", query.name)
+        elif balance:
+            if self._balancer is None:
+                self._balancer = Balancer(self.cluster)
+            self._balancer.watch(dep, migrator)
+        return handle
+
+    def _await_workers(self, replicas: int) -> None:
+        """With instance managers asked for (a cluster's, given addresses), wait up to :attr:`wait_workers_s`
+        for one live per replica, saying what it waits for: never a silent fall-back into this process."""
+        if self.cluster is not None and self.cluster.asked:
+            self.cluster.await_live(replicas, self.wait_workers_s)
+
+    def _reconfigured(self, dep) -> None:
+        """A migration of ``dep`` finished: a cluster's data path records its layout, which a replay after a
+        fail-over deploys."""
+        if self.journal is not None:
+            self.journal.reconfigured(dep)
 
     def deployment(self, name: str) -> Deployed:
         """The deployed query ``name``: what :meth:`deploy` returned for it."""
@@ -286,6 +319,8 @@ class Engine:
             for out in dep.query.outputs:
                 self.outputs.pop(out, None)
                 self._producer.pop(out, None)
+            if self.journal is not None:
+                self.journal.undeployed(name)
             for stream in dep.query.sources:
                 left = [d for d in self.streams.get(stream, []) if d is not dep]
                 if left:
@@ -298,6 +333,11 @@ class Engine:
     # --- input -------------------------------------------------------------------
     def send(self, stream: str, data) -> int:
         """Send tuples into ``stream``; returns how many. A rejected batch leaves no trace."""
+        return self._take(stream, data)
+
+    def _take(self, stream: str, data, key=None) -> int:
+        """:meth:`send`, keyed for a cluster's journal by ``key`` (a send id, or a staged batch's (writer,
+        batch)): what a standby needs to take a retried send once."""
         deps = self._deployments_of(stream)
         if stream in self._ended:
             raise InputError(f"stream {stream!r} has ended; no more tuples can be sent to it", "ENDED")
@@ -311,9 +351,10 @@ class Engine:
                 times = [b.column(src.time_field).cast(pa.int64()).to_numpy() for b in batches]
                 ts = times[0] if len(times) == 1 else np.concatenate(times)
                 check_event_times(stream, src.time_field, ts, None if seen == WM_NONE else seen, src.max_ahead_us)
-            return self._send(stream, deps, batches, src.time_field)
+            return self._send(stream, deps, batches, src.time_field, key)
 
-    def _send(self, stream: str, deps: list[Deployment], batches: list[pa.RecordBatch], time_field: str | None) -> int:
+    def _send(self, stream: str, deps: list[Deployment], batches: list[pa.RecordBatch], time_field: str | None,
+              key=None) -> int:
         """Stamp ``batches`` (sequence numbers, event time, the watermark from before them) and hand them
         to ``deps`` as one epoch, all or nothing.
 
@@ -326,6 +367,8 @@ class Engine:
         n = sum(b.num_rows for b in batches)
         for dep in deps:
             dep.check()
+        if self.journal is not None:
+            self.journal.sent(stream, batches, self._seq, {dep.id: dep.epoch for dep in deps}, key)
         pushed = []
         try:
             for dep in deps:
@@ -340,6 +383,8 @@ class Engine:
             for dep in pushed:
                 if dep.error is None:
                     dep.abort()
+            if self.journal is not None:
+                self.journal.aborted(self._seq, [dep.id for dep in pushed])
             raise
         self._seq += n
         failed = None
@@ -359,6 +404,8 @@ class Engine:
         """
         with self._lock:
             deps = self._deployments_of(stream)
+            if self.journal is not None:
+                self.journal.ended(stream, self._seq, {dep.id: dep.epoch for dep in deps})
             self._ended.add(stream)
             for dep in deps:
                 dep.end(stream, self._seq - 1)
@@ -408,8 +455,11 @@ class Engine:
             for stream, ops in by_stream.items():
                 late_streams.setdefault(stream, {}).update({f"{q}.{op}": n for op, n in ops.items()})
             queries[q] = deployment_metrics(dep, inst, counters)
+            queries[q]["state"] = "failed" if dep.error is not None else "running"
             if isinstance(dep, ReplicaSet):
                 queries[q]["replication"] = dep.metrics()
+                if any(r["state"] != "running" for r in queries[q]["replication"]["replicas"]):
+                    queries[q]["state"] = "recovering"
         ims = self.cluster.im_metrics(snaps, counters) if self.cluster is not None else {}
         rates = self._metric_server.sample(counters)
         add_rates(queries, rates)

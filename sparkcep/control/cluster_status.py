@@ -1,19 +1,24 @@
 """``sparkcep status --zk HOST:PORT/PATH``: a cluster as its registry records it.
 
-The orchestrators (which one leads), the instance managers that are
-members (and the instances each runs), the deployments (where their
+The orchestrators (which one leads), the data path's engine hosts (the
+primary, its standby, spares), the instance managers that are members (and
+the instances each runs), the deployments (their state, where their
 instances run, their rates and latency as the leader last recorded them,
-every couple of seconds), the engine host, and the last events (deaths,
-changes of leader). Reading it needs no token: the registry holds no
-stream data and nothing that lets a reader act.
+every couple of seconds: figures older than :data:`STALE_S` are marked
+stale, never shown as live), and the last events (deaths, changes of
+leader). Reading it needs no token: the registry holds no stream data and
+nothing that lets a reader act.
 """
 
 from __future__ import annotations
+
+import time
 
 from sparkcep.control import tree
 from sparkcep.control.registry import Registry
 
 EVENTS_SHOWN = 10
+STALE_S = 10.0  # figures the leader recorded longer ago than this are stale
 
 
 def cluster(registry: Registry) -> dict:
@@ -38,16 +43,28 @@ def cluster(registry: Registry) -> dict:
                         "address": info.get("address"), "cpus": info.get("cpus"), "node": info.get("node"),
                         "instances": sorted(hosted.get(name, []))})
     events = [registry.get(f"{tree.EVENTS}/{e}") for e in registry.children(tree.EVENTS)[-EVENTS_SHOWN:]]
+    hosts = [registry.get(tree.host(n)) or {"name": n} for n in registry.children(tree.HOSTS)]
+    now = time.time()
+    for d in deployments:
+        m = d["metrics"]
+        age = now - m["time"] if "time" in m else None
+        d["state"] = "unknown" if age is None or age > STALE_S else m.get("state", "running")
+        d["figures_age_s"] = None if age is None else round(age, 1)
     return {"cluster": getattr(registry, "address", repr(registry)), "engine": registry.get(tree.ENGINE),
-            "orchestrators": orchestrators, "instance_managers": members, "deployments": deployments,
-            "events": [e for e in events if e]}
+            "engine_hosts": hosts, "orchestrators": orchestrators, "instance_managers": members,
+            "deployments": deployments, "events": [e for e in events if e]}
 
 
 def render(doc: dict) -> str:
     """The status document as tables."""
     engine = doc.get("engine")
-    lines = [f"cluster {doc['cluster']}: engine host "
-             + (f"{engine['address']} (pid {engine['pid']})" if engine else "none yet")]
+    lines = [f"cluster {doc['cluster']}: data path "
+             + (f"{engine.get('name')} at {engine['address']} (pid {engine['pid']}, era {engine.get('era')})"
+                if engine else "not served now (no primary engine host)")]
+    lines.append(f"engine hosts ({len(doc.get('engine_hosts', []))}):")
+    for h in doc.get("engine_hosts", []):
+        lines.append(f"  {h.get('name'):>12} pid {h.get('pid')!s:>7}  {h.get('role', '?')} of era {h.get('era')}  "
+                     f"{h.get('address')}")
     lines.append(f"orchestrators ({len(doc['orchestrators'])}):")
     for o in doc["orchestrators"]:
         lines.append(f"  {o.get('name'):>12} pid {o.get('pid')!s:>7}  {'LEADER' if o['leader'] else 'standby'}"
@@ -62,9 +79,16 @@ def render(doc: dict) -> str:
     for d in doc["deployments"]:
         m = d.get("metrics") or {}
         lat = m.get("latency_ms") or {}
-        lines.append(f"  {d['query']} ({d.get('deployment')}): {', '.join(d['streams'])} -> {', '.join(d['outputs'])}; "
-                     f"in {m.get('rows_in', 0):,} ({m.get('input_rate', 0):,.0f}/s), out {m.get('rows_out', 0):,} "
-                     f"({m.get('throughput', 0):,.0f}/s), latency p50 {lat.get('p50', '-')} p99 {lat.get('p99', '-')} ms")
+        head = f"  {d['query']} ({d.get('deployment')}) {d.get('state')}: {', '.join(d['streams'])} -> " \
+               f"{', '.join(d['outputs'])}"
+        if d.get("state") == "unknown":
+            age = d.get("figures_age_s")
+            lines.append(head + ("; no figures recorded yet" if age is None else
+                                 f"; figures stale (recorded {age:.0f} s ago: the leader cannot reach the data path)"))
+        else:
+            lines.append(head + f"; in {m.get('rows_in') or 0:,} ({m.get('input_rate') or 0:,.0f}/s), out "
+                         f"{m.get('rows_out') or 0:,} ({m.get('throughput') or 0:,.0f}/s), latency p50 "
+                         f"{lat.get('p50', '-')} p99 {lat.get('p99', '-')} ms ({d['figures_age_s']:.0f} s ago)")
         for instance, im in sorted(d["placement"].items()):
             lines.append(f"      {instance} on {im}")
     if doc["events"]:

@@ -43,7 +43,7 @@ REQUEST_TIMEOUT_S = 120.0  # a deploy waits this long for an orchestrator to ans
 REGISTRY_TIMEOUT_S = 10.0  # to reach a cluster's registry to find its engine host
 RETRY_S = 30.0  # a call rides through a data path's failure this long before it raises
 POLL_S = 0.05
-RETRYABLE = ("NOT_PRIMARY",)  # codes of a data path that does not serve now: ask the registry again
+RETRYABLE = ("NOT_PRIMARY", "NO_STANDBY", "FENCED")  # a data path that does not serve now: ask again
 
 
 def engine_address(zk: str) -> str:
@@ -68,7 +68,7 @@ class DataPath:
 
     def __init__(self, zk: str, token: str, retry_s: float = RETRY_S):
         self.zk, self.token, self.retry_s = zk, token, retry_s
-        self.registry = open_registry(zk, timeout=REGISTRY_TIMEOUT_S)
+        self.registry = open_registry(zk, timeout=REGISTRY_TIMEOUT_S, token=token)
         self._address: str | None = None
         self._lock = threading.Lock()
 

@@ -1,14 +1,26 @@
-"""The engine host: a cluster's data path, in a process of its own (DESIGN §6).
+"""An engine host: a process of a cluster's data path, primary, standby or spare (DESIGN §6).
 
-The leading orchestrator starts it when the cluster has none (detached: it
-outlives the orchestrator). It runs one :class:`sparkcep.Engine` — the
-sources that stamp sequence numbers (one order for the whole cluster), the
-output logs, the command connections to the instance managers — over the
-instance managers that are members of the registry: each one that joins is
-adopted for the next placement. It serves the engine on its endpoint
-(clients' sends and reads, Spark's source and sink, the orchestrator's
-deploys) and says where at ``/engine``. The orchestrators only decide and
-record: killing one changes nothing here, and sends keep being taken.
+The leading orchestrator keeps a few of them running (``sparkcep
+engine-host``, detached). Each keeps ``/hosts/<name>`` in the registry and
+serves an endpoint; their roles (:mod:`sparkcep.control.datapath.roles`):
+
+* the **primary** runs the cluster's :class:`sparkcep.Engine` over the
+  instance managers that are members (each one that joins is adopted), at
+  ``/engine``: the sources, the staged micro-batches, the output logs. What
+  it takes goes into its journal and to its standby before it is
+  acknowledged (:mod:`sparkcep.control.datapath.journal`). It serves only
+  while its registry session is connected: when the session is suspended or
+  lost it stops answering changes (``NOT_PRIMARY``), before a successor can
+  be chosen;
+* the **standby** holds the primary's journal (:mod:`.datapath.backup`)
+  and takes over when the primary's session ends: it deploys the recorded
+  queries on the members and replays the recorded input, its output logs
+  holding every row the primary published;
+* a **spare** waits to be made a standby.
+
+A host whose cluster is gone — no registry session and no orchestrator for
+:data:`ORPHAN_S` — stops, freeing its shared memory; a deposed primary (a
+successor took a later era) stops too.
 """
 
 from __future__ import annotations
@@ -21,44 +33,94 @@ import socket
 import subprocess
 import sys
 import threading
-import time
+import uuid
 
 from sparkcep import auth
 from sparkcep.control import tree
-from sparkcep.control.registry import Registry, RegistryError, open_registry
-from sparkcep.errors import SparkcepError
+from sparkcep.control.datapath.backup import Backup, replay
+from sparkcep.control.datapath.journal import Journal
+from sparkcep.control.datapath.roles import Roles
+from sparkcep.control.registry import State, open_registry
+from sparkcep.errors import EngineError, SparkcepError
 
 log = logging.getLogger("sparkcep")
-START_S = 60.0  # a started engine host announces itself within this long
+SESSION_S = 2.0  # the registry session timeout of an engine host
+ORPHAN_S = 60.0  # a host without registry or orchestrator this long stops
+WAIT_WORKERS_S = 60.0  # a deployment waits this long for enough instance managers to join
+SERVES_ALWAYS = frozenset({"hello", "metrics", "instance_managers", "shutdown", "journal"})
+READS = frozenset({"streams", "schema", "offsets", "read", "deployed"})
 
 
 class EngineHost:
-    """An engine over the registry's members, announced at ``/engine``."""
+    """One engine-host process of the cluster whose registry is at ``zk``, reached with ``token``."""
 
-    def __init__(self, registry: Registry, token: str, listen: str = "127.0.0.1:0"):
+    def __init__(self, zk: str, token: str, name: str, listen: str = "127.0.0.1:0"):
         from sparkcep.engine import Engine
-        self.registry = registry
-        self.engine = Engine.local(token=token, listen=listen)
+        from sparkcep.gateway.endpoint import start_endpoint
+        self.zk, self.token, self.name = zk, token, name
         self.stopped = threading.Event()
-        self.engine.endpoint.on_shutdown = self.stopped.set
+        self.registry = open_registry(zk, session_timeout=SESSION_S, token=token)
+        self.engine = Engine(token=token)
+        self.engine.wait_workers_s = WAIT_WORKERS_S
+        self.engine._cluster().asked = True  # queries run on the members, never in this process
+        self.endpoint = start_endpoint(self.engine, listen, publish=False)
+        self.endpoint.guard = self._guard
+        self.endpoint.on_shutdown = self.stopped.set
+        self.endpoint._ops["journal"] = self._journal_op
+        self.backup = Backup()
         self.adopted: dict[str, str] = {}  # member name -> address
-        self._lock = threading.Lock()
-        try:
-            registry.create(tree.ENGINE, {"address": self.engine.endpoint.address, "pid": os.getpid(),
-                                          "host": socket.gethostname(), "run": self.engine.run_id}, ephemeral=True)
-        except RegistryError as e:
-            self.engine.close()
-            if e.code == "NODE_EXISTS":
-                raise RegistryError(f"{registry!r} already has an engine host: {registry.get(tree.ENGINE)}",
-                                    "ENGINE_EXISTS", tree.ENGINE) from None
-            raise
-        registry.watch_children(tree.MEMBERS, lambda names: threading.Thread(
-            target=self._adopt, args=(names,), daemon=True).start())
+        self._adopting = threading.Lock()
+        self.roles = Roles(self.registry, name, self._doc, self)
 
-    def _adopt(self, names: list[str]) -> None:
-        """Use every member not adopted yet (a worker that joined) for the next placements; one that left
-        may come back under its name."""
-        with self._lock:
+    # --- what the endpoint serves when ---------------------------------------------------
+    def _guard(self, op: str) -> None:
+        if op in SERVES_ALWAYS or self.roles.serving() or (op in READS and self.roles.role == "primary"):
+            return
+        raise EngineError(f"engine host {self.name} is not the cluster's serving data path now ({self.roles.role}"
+                          f"{'' if self.registry.state is State.CONNECTED else ', registry ' + self.registry.state.value}"
+                          "): find the primary at /engine and try again", "NOT_PRIMARY")
+
+    def _journal_op(self, h, payload):
+        """An entry from the primary this host stands by for."""
+        if self.roles.role == "primary":
+            raise EngineError(f"engine host {self.name} is the primary now: it takes no journal", "FENCED")
+        self.backup.apply(int(h.get("era", 0)), h, payload)
+        if h.get("kind") == "ready":
+            self.roles.synced(self.backup.era, self.backup.run)
+        return {}, b""
+
+    def _doc(self) -> dict:
+        return {"name": self.name, "address": self.endpoint.address, "pid": os.getpid(), "host": socket.gethostname()}
+
+    # --- becoming the primary -------------------------------------------------------------
+    def found(self, era: int, run: str) -> None:
+        """Serve a new cluster (nothing recorded yet)."""
+        self.engine.run_id = run
+        self._serve(Journal(era, run, self.token))
+
+    def take_over(self, era: int) -> None:
+        """Serve what the standby holds: deploy and replay it on the members."""
+        self.adopt_members()
+        replicas = [e["options"].get("replicas") or 1 for e in self.backup.entries if e["kind"] == "deploy"]
+        self.engine._await_workers(max(replicas, default=1))
+        replay(self.backup, self.engine)
+        self.endpoint.staging = self.backup.staging
+        self.endpoint.sent = self.backup.sent_ids()
+        self._serve(Journal(era, self.backup.run, self.token, self.backup.entries))
+
+    def _serve(self, journal: Journal) -> None:
+        journal.outputs, journal.staging = self.engine.outputs, self.endpoint.staging
+        for log_ in self.engine.outputs.values():
+            log_.journal = journal
+        self.engine.journal = journal
+        self.adopt_members()
+        self.registry.watch_children(tree.MEMBERS, lambda names: threading.Thread(
+            target=self.adopt_members, daemon=True).start())
+
+    def adopt_members(self, names=None) -> None:
+        """Use every member not adopted yet (a worker that joined) for the next placements."""
+        with self._adopting:
+            names = self.registry.children(tree.MEMBERS) if names is None else names
             for name in set(self.adopted) - set(names):
                 del self.adopted[name]
             for name in sorted(set(names) - set(self.adopted)):
@@ -68,38 +130,33 @@ class EngineHost:
                 try:
                     self.engine.add_instance_manager(info["address"])
                     self.adopted[name] = info["address"]
-                    log.info("engine host: instance manager %s (%s) joined", name, info["address"])
+                    log.info("engine host %s: instance manager %s (%s) joined", self.name, name, info["address"])
                 except SparkcepError as e:
-                    log.warning("engine host: cannot use member %s at %s: %s [%s]", name, info.get("address"),
-                                e, e.code)
+                    log.warning("engine host %s: cannot use member %s at %s: %s [%s]", self.name, name,
+                                info.get("address"), e, e.code)
 
+    # --- ending ----------------------------------------------------------------------------
     def close(self) -> None:
+        self.roles.close()
+        if self.engine.journal is not None:
+            self.engine.journal.close()
+        self.endpoint.close()
         self.engine.close()
         self.registry.close()
 
 
-def spawn(zk: str, token_file: str, listen: str = "127.0.0.1:0") -> subprocess.Popen:
-    """Start an engine host for the cluster at ``zk``, detached from this process (a session of its own,
-    so it outlives it)."""
+def spawn(zk: str, token_file: str, name: str, listen: str = "127.0.0.1:0") -> subprocess.Popen:
+    """Start an engine host ``name`` for the cluster at ``zk``, in a session of its own (it outlives the
+    process that starts it, which reaps it if it ends first)."""
     cmd = [sys.executable, "-m", "sparkcep", "engine-host", "--zk", zk, "--token-file", token_file,
-           "--listen", listen]
+           "--name", name, "--listen", listen]
     return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True)
-
-
-def wait_for(registry: Registry, timeout: float = START_S) -> dict:
-    """The ``/engine`` document, once there is one."""
-    deadline = time.monotonic() + timeout
-    while (doc := registry.get(tree.ENGINE)) is None:
-        if time.monotonic() > deadline:
-            raise RegistryError(f"no engine host announced itself at {registry!r}/engine within {timeout:.0f} s",
-                                "NO_ENGINE", tree.ENGINE)
-        time.sleep(0.05)
-    return doc
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--zk", required=True, metavar="zk://HOST:PORT/PATH", help="the cluster's registry")
     parser.add_argument("--token-file", required=True, help="the cluster's token")
+    parser.add_argument("--name", default=None, help="its name among the cluster's engine hosts (default: h-RANDOM)")
     parser.add_argument("--listen", default="127.0.0.1:0", metavar="HOST:PORT",
                         help="where clients reach the engine (default: loopback, any free port)")
 
@@ -108,17 +165,22 @@ def run(args) -> int:
     """Body of ``sparkcep engine-host`` (started by the leading orchestrator): serve until stopped."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s engine-host %(message)s")
     zk = args.zk if args.zk.startswith("zk://") else f"zk://{args.zk}"
+    name = args.name or f"h-{uuid.uuid4().hex[:8]}"
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
-        host = EngineHost(open_registry(zk), auth.read(args.token_file), args.listen)
+        host = EngineHost(zk, auth.read(args.token_file), name, args.listen)
     except SparkcepError as e:
         log.error("%s [%s]", e, e.code)
         return 1
-    signal.signal(signal.SIGTERM, lambda *_: host.stopped.set())
-    log.info("serving the engine of %s at %s", zk, host.engine.endpoint.address)
-    try:
-        host.stopped.wait()
-    except KeyboardInterrupt:
-        pass
+    log.info("engine host %s (pid %d) serves at %s for %s", name, os.getpid(), host.endpoint.address, zk)
+    while not (stop.wait(0.2) or host.stopped.is_set() or host.roles.deposed.is_set()):
+        if host.roles.orphaned_for() > ORPHAN_S:
+            log.warning("engine host %s: no registry and no orchestrator for %.0f s: the cluster is gone; stopping",
+                        name, ORPHAN_S)
+            break
     host.close()
-    log.info("stopped")
+    log.info("engine host %s stopped", name)
     return 0
+

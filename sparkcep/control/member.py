@@ -11,37 +11,29 @@ from __future__ import annotations
 import logging
 
 from sparkcep.control import tree
-from sparkcep.control.registry import Registry, RegistryError, State
+from sparkcep.control.registry import Registry, RegistryError
 
 log = logging.getLogger("sparkcep")
 
 
 class Membership:
-    """Keeps ``/members/<name>`` = ``info`` in ``registry`` for as long as this object is open."""
+    """Keeps ``/members/<name>`` = ``info`` in ``registry`` for as long as this object is open, in every
+    session (:class:`~sparkcep.control.registry.base.Presence`)."""
 
     def __init__(self, registry: Registry, name: str, info: dict):
         self.registry, self.name, self.info = registry, name, dict(info)
-        self._join()
-        registry.add_listener(self._on_state)
-
-    def _join(self) -> None:
-        path = tree.member(self.name)
+        path = tree.member(name)
         try:
-            self.registry.create(path, self.info, ephemeral=True)
+            self.presence = registry.keep(path, self.info)
         except RegistryError as e:
             if e.code != "NODE_EXISTS":
                 raise
-            held = self.registry.get(path) or {}
-            if held.get("pid") != self.info.get("pid") or held.get("address") != self.info.get("address"):
-                raise RegistryError(f"an instance manager named {self.name!r} is already a member of "
-                                    f"{self.registry!r} (pid {held.get('pid')} at {held.get('address')}); "
-                                    "start this one with another --name", "MEMBER_EXISTS", path) from None
-        log.info("instance manager %s joined %r", self.name, self.registry)
-
-    def _on_state(self, state: State) -> None:
-        if state is State.CONNECTED and self.registry.get(tree.member(self.name)) is None:
-            self.registry.call_soon(self._join)  # a new session after a lost one
+            held = registry.get(path) or {}
+            raise RegistryError(f"an instance manager named {name!r} is already a member of {registry!r} (pid "
+                                f"{held.get('pid')} at {held.get('address')}); start this one with another --name",
+                                "MEMBER_EXISTS", path) from None
+        log.info("instance manager %s joined %r", name, registry)
 
     def close(self) -> None:
-        self.registry.remove_listener(self._on_state)
+        self.presence.cancel()
         self.registry.close()

@@ -1,24 +1,29 @@
-"""The orchestrator (UPM-CEP §4.1): deploys queries and records the cluster in the registry.
+"""The orchestrator (UPM-CEP §4.1): deploys queries and keeps the cluster's data path staffed.
 
 Several may run; they contend for the ``orchestrator`` lease and one leads.
 Its state is the registry's, so when it dies (its session ends, within the
 session timeout) a standby takes the lease and carries on from the registry
-alone. The leader:
+alone. The leader acts only while connected and holding the lease, and its
+writes are checked against its lease node (a write of a deposed leader
+fails). It:
 
-* makes sure the cluster has an engine host (:mod:`sparkcep.control.host`),
-  starting one if none announced itself;
+* keeps :data:`ENGINE_HOSTS` engine-host processes running
+  (:mod:`sparkcep.control.host`: a primary, its standby, a spare ready to be
+  the next standby), starting more when fewer are registered, and reaps
+  the ones it started when they end;
 * takes the deploy and undeploy requests that clients leave under
   ``/requests`` (sealed with the cluster's token: one without a valid seal is
-  refused), has the engine host run them, answers under ``/results`` and
-  records each deployment under ``/deployments`` (sealed query, options,
-  placement, bin tables), where each stream's source and each output's log
-  live under ``/streams`` and ``/outputs``;
+  refused), has the primary run them (riding through its fail-over),
+  answers under ``/results`` and records each deployment under
+  ``/deployments`` (sealed query, options, placement, state), and where
+  each stream's source and each output's log live under ``/streams`` and
+  ``/outputs`` — recorded again from the primary when the registry lost
+  them (a ZooKeeper restarted empty);
 * reports instance managers that died, with the instances they ran, under
   ``/events`` and in its log.
 
-The data path never goes through it: clients send to and read from the
-engine host. Every orchestrator can serve the cluster's metrics in
-Prometheus text (``--metrics``).
+The data path never goes through it. Every orchestrator can serve the
+cluster's metrics in Prometheus text (``--metrics``).
 """
 
 from __future__ import annotations
@@ -31,105 +36,122 @@ import signal
 import socket
 import threading
 import time
+import uuid
 
 import cloudpickle
 
 from sparkcep import auth
 from sparkcep.control import host as engine_host
 from sparkcep.control import tree
-from sparkcep.gateway.client import EngineClient
+from sparkcep.control.connect import DataPath
 from sparkcep.control.registry import Registry, RegistryError, State, open_registry
 from sparkcep.errors import SparkcepError
+from sparkcep.gateway.client import EngineClient
 
 log = logging.getLogger("sparkcep")
-REFRESH_S = 2.0  # how often the leader records placements and bin tables
+REFRESH_S = 2.0  # how often the leader records placements and figures, and counts engine hosts
+ENGINE_HOSTS = 3  # a primary, its standby and a spare
+START_S = 30.0  # an engine host it started registers within this long, or it is started again
 
 
 class Orchestrator:
-    """One orchestrator process: ``name`` in ``registry`` (``zk`` is its address, for the engine host)."""
+    """One orchestrator process: ``name`` in ``registry`` (``zk`` is its address, for the engine hosts)."""
 
     def __init__(self, registry: Registry, zk: str, name: str, token_file: str, metrics: str | None = None):
         self.registry, self.zk, self.name, self.token_file = registry, zk, name, token_file
         self.token = auth.read(token_file)
         self.stopped = threading.Event()
         self.leading = threading.Event()
-        self.client: EngineClient | None = None
+        self.path = DataPath(zk, self.token)
         self._hosted: dict[str, list[str]] = {}  # member -> instances it ran, as last seen
         self._members: set[str] = set()
+        self._started: dict[str, tuple[float, object]] = {}  # engine hosts it started: name -> (when, process)
         self.metrics_address = None
         if metrics:
             from sparkcep.control.prometheus import serve
             self._metrics_server, self.metrics_address = serve(self._engine_metrics, metrics)
-        self._lost = threading.Event()  # the session ended: join again once a new one is up
-        self._join()
-        self.lease = registry.lease(tree.LEASE, name, on_lost=self._demoted)
+        doc = {"name": name, "pid": os.getpid(), "host": socket.gethostname(), "metrics": self.metrics_address}
+        try:
+            self.presence = registry.keep(f"{tree.ORCHESTRATORS}/{name}", doc)
+        except RegistryError as e:
+            if e.code != "NODE_EXISTS":
+                raise
+            raise RegistryError(f"an orchestrator named {name!r} is already running", "ORCHESTRATOR_EXISTS") from None
+        self.lease = registry.lease(tree.LEASE, name, on_lost=self.leading.clear)
         self.lease.contend(on_gained=self.leading.set)
-
-    def _join(self, timeout: float = 30.0) -> None:
-        """Announce this orchestrator (waiting for a former session's node of the same name to expire)."""
-        doc = {"name": self.name, "pid": os.getpid(), "host": socket.gethostname(), "metrics": self.metrics_address}
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                self.registry.create(f"{tree.ORCHESTRATORS}/{self.name}", doc, ephemeral=True)
-                return
-            except RegistryError as e:
-                if e.code != "NODE_EXISTS" or time.monotonic() > deadline:
-                    raise RegistryError(f"an orchestrator named {self.name!r} is already running: {e}",
-                                        "ORCHESTRATOR_EXISTS") from None
-                time.sleep(0.2)
-
-    def _demoted(self) -> None:
-        """The registry session ended: lead no more; rejoin with the next session."""
-        self.leading.clear()
-        self._lost.set()
 
     # --- leading -----------------------------------------------------------------------
     def run(self) -> None:
-        """Serve until :attr:`stopped`: lead while holding the lease, wait for it otherwise."""
+        """Serve until :attr:`stopped`: lead while holding the lease, contend again after a lost session."""
         while not self.stopped.is_set():
+            self._reap()
             if not self.leading.wait(0.2):
-                if self._lost.is_set() and self.registry.state is State.CONNECTED:
-                    self._lost.clear()
-                    self._join()
+                if not self.lease.contending and self.registry.state is State.CONNECTED:
                     self.lease.contend(on_gained=self.leading.set)
                 continue
             try:
                 self._lead()
             except SparkcepError as e:
                 log.warning("orchestrator %s: %s [%s]; trying again", self.name, e, e.code)
-                time.sleep(1.0)
+                self.stopped.wait(1.0)
+
+    def _acting(self) -> bool:
+        """Whether it may act now: leading, connected, not stopping (a suspended session acts on nothing)."""
+        return self.leading.is_set() and self.lease.is_leader and not self.stopped.is_set()
 
     def _lead(self) -> None:
         log.info("orchestrator %s leads %s", self.name, self.zk)
         self._event({"kind": "leader", "orchestrator": self.name})
-        self.client = EngineClient(self._engine()["address"], token=self.token)
         pending = threading.Event()
         requests = self.registry.watch_children(tree.REQUESTS, lambda _: pending.set())
         members = self.registry.watch_children(tree.MEMBERS, self._membership)
         try:
             next_refresh = 0.0
             while self.leading.is_set() and not self.stopped.is_set():
+                self._reap()
+                if not self._acting():
+                    time.sleep(0.1)
+                    continue
+                if time.monotonic() > next_refresh:
+                    self._staff()
+                    self._refresh()
+                    next_refresh = time.monotonic() + REFRESH_S
                 if pending.wait(0.2):
                     pending.clear()
                     for name in sorted(self.registry.children(tree.REQUESTS)):
-                        self._handle(name)
-                if time.monotonic() > next_refresh:
-                    self._refresh()
-                    next_refresh = time.monotonic() + REFRESH_S
+                        if self._acting():
+                            self._handle(name)
         finally:
             requests.cancel()
             members.cancel()
-            self.client.close()
 
-    def _engine(self) -> dict:
-        """The cluster's engine host, started if there is none."""
-        doc = self.registry.get(tree.ENGINE)
-        if doc is None:
-            log.info("orchestrator %s: no engine host: starting one", self.name)
-            engine_host.spawn(self.zk, self.token_file)
-            doc = engine_host.wait_for(self.registry)
-        return doc
+    def _guarded(self):
+        """A transaction that applies only while this orchestrator holds the lease."""
+        node = self.lease.node
+        if node is None:
+            raise RegistryError(f"orchestrator {self.name} holds no lease node: it leads no more", "LEASE_LOST")
+        return self.registry.transaction().check(node, 0)
+
+    # --- the engine hosts --------------------------------------------------------------
+    def _staff(self) -> None:
+        """Start engine hosts until :data:`ENGINE_HOSTS` are registered (counting those starting)."""
+        registered = set(self.registry.children(tree.HOSTS))
+        now = time.monotonic()
+        starting = [n for n, (t, p) in self._started.items()
+                    if n not in registered and now - t < START_S and p.poll() is None]
+        for _ in range(ENGINE_HOSTS - len(registered) - len(starting)):
+            name = f"h-{uuid.uuid4().hex[:8]}"
+            log.info("orchestrator %s: %d engine hosts registered: starting %s", self.name, len(registered), name)
+            self._started[name] = (now, engine_host.spawn(self.zk, self.token_file, name))
+
+    def _reap(self) -> None:
+        """Collect the exit of the engine hosts it started that ended (no zombie is left behind)."""
+        for name, (_, process) in list(self._started.items()):
+            code = process.poll()
+            if code is not None:
+                del self._started[name]
+                if code:
+                    log.warning("orchestrator %s: engine host %s exited with code %d", self.name, name, code)
 
     # --- requests ----------------------------------------------------------------------
     def _handle(self, name: str) -> None:
@@ -142,35 +164,49 @@ class Orchestrator:
             answer = self._deploy(request) if request.get("kind") == "deploy" else self._undeploy(request)
             result = {"ok": True, **answer}
         except SparkcepError as e:
+            if not self._acting():
+                return  # deposed meanwhile: the next leader answers it
             result = {"ok": False, "error": str(e), "code": e.code, "type": type(e).__name__}
             log.warning("orchestrator %s: request %s failed: %s [%s]", self.name, name, e, e.code)
-        with self.registry.transaction() as t:
+        with self._guarded() as t:
             t.set(f"{tree.RESULTS}/{name}", result)
             t.delete(path)
 
     def _deploy(self, request: dict) -> dict:
         query = cloudpickle.loads(base64.b64decode(request["query"]))
-        answer = self.client.deploy(query, **request.get("options", {}))
-        record = auth.seal({"query": request["query"], "options": request.get("options", {}),
-                            "deployment": answer["deployment"], "streams": answer["streams"],
-                            "outputs": answer["outputs"]}, self.token, "a deployment")
-        engine = self.registry.get(tree.ENGINE) or {}
-        with self.registry.transaction() as t:
-            t.set(f"{tree.DEPLOYMENTS}/{query.name}", record)
-            for s in answer["streams"]:
-                t.set(f"{tree.STREAMS}/{s}", {"engine": engine.get("address"), "query": query.name})
-            for o in answer["outputs"]:
-                t.set(f"{tree.OUTPUTS}/{o}", {"engine": engine.get("address"), "query": query.name,
-                                              "deployment": answer["deployment"]})
+        options = request.get("options", {})
+        tries = []
+
+        def deploy(client):
+            tries.append(1)
+            try:
+                return client.deploy(query, **options)
+            except SparkcepError as e:  # a retry after the primary took it and failed over: it is there
+                if e.code != "ALREADY_DEPLOYED" or len(tries) == 1:
+                    raise
+                return {"deployment": client.request("deployed", query=query.name)[0]["deployment"],
+                        "streams": sorted(query.sources), "outputs": sorted(query.outputs)}
+        answer, _ = self.path.call(f"deploy of {query.name!r}", deploy)
+        self._record(query.name, request["query"], options, answer)
         log.info("orchestrator %s: deployed %s (%s)", self.name, query.name, answer["deployment"])
-        self._refresh()
-        return answer
+        return {"deployment": answer["deployment"], "streams": answer["streams"], "outputs": answer["outputs"]}
+
+    def _record(self, name: str, sealed_query: str, options: dict, answer: dict) -> None:
+        """Record a deployment, its streams and outputs (sealed: only token holders read the query)."""
+        record = auth.seal({"query": sealed_query, "options": options, "deployment": answer["deployment"],
+                            "streams": answer["streams"], "outputs": answer["outputs"]}, self.token, "a deployment")
+        with self._guarded() as t:
+            t.set(f"{tree.DEPLOYMENTS}/{name}", record)
+            for s in answer["streams"]:
+                t.set(f"{tree.STREAMS}/{s}", {"query": name})
+            for o in answer["outputs"]:
+                t.set(f"{tree.OUTPUTS}/{o}", {"query": name, "deployment": answer["deployment"]})
 
     def _undeploy(self, request: dict) -> dict:
         name = request["query"]
-        self.client.undeploy(name)
+        self.path.call(f"undeploy of {name!r}", lambda c: c.undeploy(name))
         record = self.registry.get(f"{tree.DEPLOYMENTS}/{name}") or {}
-        with self.registry.transaction() as t:
+        with self._guarded() as t:
             for s in record.get("streams", []):
                 t.delete(f"{tree.STREAMS}/{s}")
             for o in record.get("outputs", []):
@@ -180,23 +216,39 @@ class Orchestrator:
 
     # --- the cluster -------------------------------------------------------------------
     def _refresh(self) -> None:
-        """Record each deployment's placement and figures, and what each instance manager runs."""
-        queries = self.client.metrics().get("queries", {})
+        """Record each deployment's state, placement and figures as the primary serves them now, and what
+        each instance manager runs; deployments the registry lost are recorded again."""
+        try:
+            (metrics, ims), client = self.path.call("refresh", lambda c: (c.metrics(), c.instance_managers()))
+        except SparkcepError as e:
+            log.info("orchestrator %s: no data path to look at now: %s", self.name, e)
+            return
+        now = time.time()
+        queries = metrics.get("queries", {})
+        for q in set(self.registry.children(tree.DEPLOYMENTS)) - set(queries):  # gone with an undeploy elsewhere
+            self.registry.delete(f"{tree.DEPLOYMENTS}/{q}", recursive=True)
         for q, m in queries.items():
-            if self.registry.get(f"{tree.DEPLOYMENTS}/{q}") is not None:
-                self.registry.set(f"{tree.DEPLOYMENTS}/{q}/metrics", {
-                    k: m.get(k) for k in ("rows_in", "rows_out", "input_rate", "throughput", "latency_ms")})
-        ims = self.client.instance_managers()
-        self._hosted = {im["name"]: im["instances"] for im in ims}
+            if self.registry.get(f"{tree.DEPLOYMENTS}/{q}") is None:
+                header, payload = client.request("deployed", query=q)
+                query = cloudpickle.loads(memoryview(payload))
+                self._record(q, base64.b64encode(bytes(payload)).decode(), {},
+                             {"deployment": header["deployment"], "streams": sorted(query.sources),
+                              "outputs": sorted(query.outputs)})
+                log.info("orchestrator %s: recorded %s again from the data path", self.name, q)
+            self.registry.set(f"{tree.DEPLOYMENTS}/{q}/metrics", {
+                "time": now, "state": m.get("state", "running"),
+                **{k: m.get(k) for k in ("rows_in", "rows_out", "input_rate", "throughput", "latency_ms")}})
+        client.close()
+        self._hosted = {im["name"]: im["instances"] for im in ims if im.get("alive", True)}
         placement: dict[str, dict] = {}
         for im in ims:
-            for inst in im["instances"]:
+            for inst in im["instances"] if im.get("alive", True) else ():
                 q, _, where = inst.partition(".")
                 placement.setdefault(q, {})[where] = im["name"]
-        for q, where in placement.items():
+        for q in queries:
             path = f"{tree.DEPLOYMENTS}/{q}/placement"
-            if self.registry.get(f"{tree.DEPLOYMENTS}/{q}") is not None and self.registry.get(path) != where:
-                self.registry.set(path, where)
+            if self.registry.get(path) != placement.get(q, {}):
+                self.registry.set(path, placement.get(q, {}))
 
     def _membership(self, names: list[str]) -> None:
         """Instance managers joined or died: a death is reported with what it ran."""
@@ -212,7 +264,8 @@ class Orchestrator:
         self._members = now
 
     def _event(self, doc: dict) -> None:
-        self.registry.create(f"{tree.EVENTS}/e-", {**doc, "time": time.time()}, sequence=True)
+        if self._acting() or doc.get("kind") == "leader":
+            self.registry.create(f"{tree.EVENTS}/e-", {**doc, "time": time.time()}, sequence=True)
 
     def _engine_metrics(self) -> dict:
         doc = self.registry.get(tree.ENGINE)
@@ -222,20 +275,39 @@ class Orchestrator:
             return c.metrics()
 
     def close(self) -> None:
-        """Leave the cluster; the last orchestrator to leave stops the engine host (and its queries)."""
+        """Leave the cluster; the last orchestrator to leave stops the engine hosts (and their queries).
+        Bounded: with the registry unreachable it only stops what it started."""
         self.stopped.set()
-        self.lease.release()
-        others = [o for o in self.registry.children(tree.ORCHESTRATORS) if o != self.name]
-        engine = self.registry.get(tree.ENGINE)
-        if not others and engine is not None:
-            log.info("orchestrator %s: the last orchestrator leaves: stopping the engine host", self.name)
+        connected = self.registry.state is State.CONNECTED
+        hosts = []
+        if connected:
             try:
-                with EngineClient(engine["address"], token=self.token, timeout=10) as c:
+                self.lease.release()
+                others = [o for o in self.registry.children(tree.ORCHESTRATORS) if o != self.name]
+                if not others:
+                    hosts = [d for n in self.registry.children(tree.HOSTS) if (d := self.registry.get(tree.host(n)))]
+            except RegistryError as e:
+                log.warning("orchestrator %s: leaving: %s", self.name, e)
+        if hosts:
+            log.info("orchestrator %s: the last orchestrator leaves: stopping the engine hosts", self.name)
+        for doc in hosts:
+            try:
+                with EngineClient(doc["address"], token=self.token, timeout=2) as c:
                     c.shutdown()
             except SparkcepError as e:
-                log.warning("orchestrator %s: the engine host did not stop: %s", self.name, e)
+                log.warning("orchestrator %s: engine host %s did not stop: %s", self.name, doc.get("name"), e)
+        deadline = time.monotonic() + 3.0
+        for _, process in self._started.values():
+            try:
+                process.wait(max(0.0, deadline - time.monotonic()))
+            except Exception:
+                pass
+        self._reap()
         if self.metrics_address:
             self._metrics_server.shutdown()
+        if connected:
+            self.presence.cancel()
+        self.path.close()
         self.registry.close()
 
 
@@ -253,23 +325,26 @@ def zk_address(value: str) -> str:
 
 
 def run(args) -> int:
-    """Body of ``sparkcep orchestrator``: lead or stand by until SIGTERM."""
+    """Body of ``sparkcep orchestrator``: lead or stand by until SIGTERM or Ctrl-C (stopping within seconds,
+    the registry up or not)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s orchestrator %(message)s")
     zk = zk_address(args.zk)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
-        orch = Orchestrator(open_registry(zk, session_timeout=2.0), zk, args.name, args.token_file, args.metrics)
+        token = auth.read(args.token_file)
+        orch = Orchestrator(open_registry(zk, session_timeout=2.0, timeout=3.0, token=token), zk, args.name,
+                            args.token_file, args.metrics)
     except SparkcepError as e:
         log.error("%s [%s]", e, e.code)
         return 1
-    signal.signal(signal.SIGTERM, lambda *_: orch.stopped.set())
     log.info("orchestrator %s (pid %d) joined %s%s", args.name, os.getpid(), zk,
              f"; metrics at http://{orch.metrics_address}/metrics" if orch.metrics_address else "")
-    try:
-        orch.run()
-    except KeyboardInterrupt:
+    worker = threading.Thread(target=orch.run, name="sparkcep-orchestrator", daemon=True)
+    worker.start()
+    while not stop.wait(0.2) and worker.is_alive():
         pass
-    except RegistryError as e:
-        log.error("%s [%s]", e, e.code)
     orch.close()
     log.info("orchestrator %s stopped", args.name)
     return 0

@@ -89,6 +89,8 @@ from sparkcep.runtime.output_log import OutputLog
 from sparkcep.schema import type_name
 
 METRICS = "$metrics"
+CHANGES = frozenset({"send", "stage", "commit_stage", "abort_stage", "end", "register", "commit", "deploy",
+                     "undeploy"})  # operations whose answer says a change was taken
 METRICS_SCHEMA = pa.schema([("time", pa.timestamp("us")), ("name", pa.string()), ("value", pa.float64())])
 SAMPLES_SCHEMA = pa.schema([("time", pa.timestamp("us")), ("names", pa.list_(pa.string())),
                            ("values", pa.list_(pa.float64()))])  # $metrics in the wide form
@@ -123,6 +125,7 @@ class Endpoint:
         self._thread.start()
         self._published = publish
         self.on_shutdown = None  # set by a process that may be stopped through its endpoint (an engine host)
+        self.guard = None  # guard(op) raises for an operation this process does not serve now (a standby's)
         if publish:
             discovery.publish(self.address, self.token_file)
 
@@ -205,11 +208,16 @@ class Endpoint:
 
     def _dispatch(self, header: dict, payload) -> tuple[dict, object]:
         self.counters["requests"] += 1
-        op = self._ops.get(header.get("op"))
+        name = header.get("op")
+        op = self._ops.get(name)
         if op is None:
-            raise EngineError(f"unknown endpoint operation {header.get('op')!r}; known: {sorted(self._ops)}",
-                              "UNKNOWN_OP")
-        return op(header, payload)
+            raise EngineError(f"unknown endpoint operation {name!r}; known: {sorted(self._ops)}", "UNKNOWN_OP")
+        if self.guard is not None:
+            self.guard(name)
+        reply = op(header, payload)
+        if name in CHANGES and self.engine.journal is not None:
+            self.engine.journal.confirm()  # a cluster's data path: acknowledged once its standby holds it
+        return reply
 
     # --- streams -----------------------------------------------------------------------
     def _input_schema(self, stream: str):
@@ -282,7 +290,8 @@ class Endpoint:
             if send_id is not None and send_id in self.sent:
                 self.counters["duplicate_sends"] += 1
                 return {"rows": self.sent[send_id], "duplicate": True}, b""
-            n = self.engine.send(h["stream"], table) if table is not None and table.num_rows else 0
+            key = None if send_id is None else ("id", str(send_id))
+            n = self.engine._take(h["stream"], table, key) if table is not None and table.num_rows else 0
             self.counters["rows_in"] += n
             if send_id is not None:
                 self.sent.add(str(send_id), n)
@@ -294,8 +303,11 @@ class Endpoint:
             raise UnknownStreamError(f"no deployed query reads a stream named {stream!r}; streams: "
                                      f"{sorted(self.engine.streams)}")
         table = from_ipc(payload)
-        reply = self.staging.stage(str(h["writer"]), int(h["batch"]), int(h["partition"]), str(h["attempt"]),
-                                   int(h["chunk"]), stream, table if table is not None else pa.table({}))
+        table = table if table is not None else pa.table({})
+        key = (str(h["writer"]), int(h["batch"]), int(h["partition"]), str(h["attempt"]), int(h["chunk"]))
+        reply = self.staging.stage(*key, stream, table)
+        if self.engine.journal is not None and not reply["duplicate"]:
+            self.engine.journal.staged(*key, stream, table)
         return {**reply, "engine": self.engine.run_id}, b""
 
     def _op_commit_stage(self, h, _):
@@ -313,7 +325,7 @@ class Endpoint:
             if table is None:
                 self.counters["duplicate_batches"] += 1
                 return {"rows": 0, "duplicate": True}, b""
-            n = self.engine.send(stream, table) if table.num_rows else 0
+            n = self.engine._take(stream, table, ("stage", writer, batch)) if table.num_rows else 0
             self.staging.settle(writer, batch)
             self.counters["rows_in"] += n
             self.counters["batch_commits"] += 1
@@ -321,7 +333,11 @@ class Endpoint:
         return {"rows": n, "duplicate": False}, b""
 
     def _op_abort_stage(self, h, _):
-        return {"rows": self.staging.abort(str(h["writer"]), int(h["batch"]))}, b""
+        writer, batch = str(h["writer"]), int(h["batch"])
+        rows = self.staging.abort(writer, batch)
+        if self.engine.journal is not None:
+            self.engine.journal.unstaged(writer, batch)
+        return {"rows": rows}, b""
 
     def _op_end(self, h, _):
         with self.lock:

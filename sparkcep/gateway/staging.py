@@ -126,6 +126,20 @@ class Staging:
                 del self._staged[writer]
         return sum(k.rows for k in parts.values())
 
+    def entries(self) -> list[dict]:
+        """What it holds, as the journal entries that would rebuild it (a cluster's new standby is synced so):
+        ``committed`` (each writer's last committed batch), then ``stage`` (each staged chunk)."""
+        with self._lock:
+            out = [{"kind": "committed", "writer": w, "batch": b} for w, b in self.committed.items()]
+            for writer, batches in self._staged.items():
+                for batch, parts in batches.items():
+                    for partition, key in parts.items():
+                        for chunk, table in enumerate(key.chunks):
+                            out.append({"kind": "stage", "writer": writer, "batch": batch, "partition": partition,
+                                        "attempt": key.attempt, "chunk": chunk, "stream": key.stream,
+                                        "batches": table.to_batches() or None, "schema": table.schema})
+        return out
+
     def staged(self, writer: str, batch: int) -> dict[int, int]:
         """Rows staged per partition for ``batch`` of ``writer`` (for tests and status)."""
         with self._lock:

@@ -22,6 +22,7 @@ from sparkcep.migration import plan
 from sparkcep.migration.megaphone import migrate_bins
 from sparkcep.migration.report import Watch
 from sparkcep.migration.state_transfer import switch
+from sparkcep.runtime import capacity
 from sparkcep.runtime.deployment import parallelism_of
 from sparkcep.runtime.handoff import ENGINE_HOST
 from sparkcep.runtime.placement import extend
@@ -37,6 +38,7 @@ class Migrator:
 
     def __init__(self, replicas, lock, changes: threading.Lock, cluster=None):
         self.replicas, self.lock, self.changes, self.cluster = replicas, lock, changes, cluster
+        self.on_change = None  # called with the deployment once a migration changed its layout
         self.running: dict[str, Watch] = {}  # operator -> its migration under way
         self.reports: deque = deque(maxlen=HISTORY)
         self._busy = threading.Lock()
@@ -64,6 +66,9 @@ class Migrator:
         if not 0 <= instance < n:
             raise QueryError(f"{operator!r} has instances 0..{n - 1}, not {instance}", "BAD_INSTANCE")
         target = self._instance_manager(to)
+        capacity.check_generation(dep.plan, dep.parallelism, dep.bins, len(self.replicas()), self.cluster,
+                                  f"moving instance {instance} of {operator!r} (a new generation of query "
+                                  f"{dep.query.name!r})")
 
         def run(watch):
             for d in self.replicas():
@@ -85,6 +90,9 @@ class Migrator:
             raise QueryError(f"{operator!r} is a global aggregate (no by=): it runs as one instance", "BAD_INSTANCE")
         dep._table(operator)
         parallelism_of(dep.plan, {operator: instances}, dep.bins)  # an instance owns at least one bin
+        capacity.check_generation(dep.plan, {**dep.parallelism, sq: instances}, dep.bins, len(self.replicas()),
+                                  self.cluster, f"rescaling {operator!r} of query {dep.query.name!r} to "
+                                                f"{instances} instances")
 
         def run(watch):
             reps = self.replicas()
@@ -122,6 +130,8 @@ class Migrator:
             with self._busy:
                 del self.running[operator]
         self.reports.append(report)
+        if self.on_change is not None:
+            self.on_change(self._first())
         log.info("query %s: %s of %s (%s): %d bins, %d bytes, %d steps in %.3f s, latency max %.1f ms",
                  report["query"], kind, operator, strategy, report["bins"], report["bytes"], report["steps"],
                  report["duration_s"], report["max_latency_ms"])

@@ -35,7 +35,7 @@ class DedupSink:
                 self.published = epoch
                 self.first[replica] = self.first.get(replica, 0) + 1
                 for out, batches in per_log.items():
-                    self.logs[out].extend(batches)
+                    self.logs[out].extend(batches, epoch)
         return deliver
 
     def snapshot(self, lags: dict[int, int]) -> dict:

@@ -145,6 +145,21 @@ class Cluster:
             log.warning("no live instance manager: query deployed in the engine process")
         return not self.asked
 
+    def await_live(self, n: int, timeout: float) -> None:
+        """Return once ``n`` live instance managers (standbys aside) serve this engine; EngineError
+        ``NOT_ENOUGH_WORKERS`` saying how many did after ``timeout`` seconds (logging what it waits for)."""
+        deadline, told = time.monotonic() + timeout, time.monotonic()
+        while (live := sum(1 for im in self.ims if im.dead is None and not im.standby)) < n:
+            now = time.monotonic()
+            if now >= deadline:
+                raise EngineError(f"{live} of the {n} instance managers needed serve this engine"
+                                  f"{f' after {timeout:.0f} s' if timeout else ''} (start more: sparkcep worker)",
+                                  "NOT_ENOUGH_WORKERS")
+            if now - told > TELL_EVERY_S:
+                told = now
+                log.warning("waiting for instance managers to join: %d of %d (%.0f s left)", live, n, deadline - now)
+            time.sleep(0.05)
+
     def adopt(self, address: str) -> InstanceManagerLink:
         """Use the instance manager serving at ``address`` (``host:port``), as a running engine may."""
         return self._link(address, None, None)

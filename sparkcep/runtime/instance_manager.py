@@ -401,7 +401,7 @@ def run(args) -> int:
     if args.zk:
         print(f"STARTING joining the cluster at {args.zk}", flush=True)
         try:
-            member = join(args.zk, im)
+            member = join(args.zk, im, token)
         except EngineError as e:
             print(f"sparkcep worker: {e} [{e.code}]", file=sys.stderr, flush=True)
             im.close()
@@ -418,12 +418,13 @@ def run(args) -> int:
     return 0
 
 
-def join(zk: str, im: InstanceManager):
-    """Make ``im`` a member of the cluster whose registry is at ``zk`` (``HOST:PORT/PATH``)."""
+def join(zk: str, im: InstanceManager, token: str):
+    """Make ``im`` a member of the cluster whose registry is at ``zk`` (``HOST:PORT/PATH``), holding its
+    ``token`` (only token holders write in the registry)."""
     from sparkcep.control.member import Membership
     from sparkcep.control.registry import open_registry
     info = vars(im.info())
-    registry = open_registry(zk if zk.startswith("zk://") else f"zk://{zk}")
+    registry = open_registry(zk if zk.startswith("zk://") else f"zk://{zk}", token=token)
     return Membership(registry, im.name, {k: info[k] for k in ("name", "address", "host", "pid", "cpus", "node")})
 
 

@@ -27,6 +27,7 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 
+from sparkcep.arguments import integer
 from sparkcep.core.columns import ID, SEQ
 from sparkcep.errors import EngineError
 
@@ -42,10 +43,17 @@ class Retention:
     age_s: float | None = None
 
     def __post_init__(self):
-        for name in ("rows", "bytes", "age_s"):
-            v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0):
-                raise EngineError(f"Retention({name}={v!r}): expected a positive number or None", "BAD_RETENTION")
+        for name in ("rows", "bytes"):  # integers as operator.index takes them (numpy's too)
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, integer(getattr(self, name), f"Retention({name}=...)", minimum=1,
+                                                       error=EngineError, code="BAD_RETENTION"))
+        age = self.age_s
+        if age is not None and (isinstance(age, bool) or not isinstance(age, (int, float, np.integer, np.floating)) or
+                                not age > 0):
+            raise EngineError(f"Retention(age_s={age!r}): expected a positive number of seconds or None",
+                              "BAD_RETENTION")
+        if age is not None:
+            object.__setattr__(self, "age_s", float(age))
 
 
 DEFAULT_RETENTION = Retention()
@@ -91,6 +99,8 @@ class OutputLog:
         self._parts: dict[int, _Partition] = {}
         self._consumers: dict[str, dict[int, int]] = {}
         self._lock = threading.Lock()
+        self.epoch = 0  # the last epoch whose rows it took
+        self.journal = None  # a cluster data path's journal: told of rows and consumers before they count
         self._with_seq = schema.names + [SEQ]
         self._stored = pa.schema(list(schema) + [pa.field(SEQ, pa.int64()), pa.field(ID, pa.int64())])
 
@@ -99,11 +109,25 @@ class OutputLog:
         """Add ``batch`` (produced by instance ``partition``) at the end of that partition."""
         self.extend([(partition, batch)])
 
-    def extend(self, batches: list[tuple[int, pa.RecordBatch]]) -> None:
+    def extend(self, batches: list[tuple[int, pa.RecordBatch]], epoch: int | None = None) -> None:
         """Add ``(partition, batch)`` pairs, in order, at once: a reader sees all of them or none
-        (the sink adds an epoch's rows so), then hand them to the subscribers."""
+        (the sink adds an epoch's rows so), then hand them to the subscribers.
+
+        ``epoch``: the epoch whose rows these are. A log takes an epoch once:
+        one at or before the last it took is left out (a cluster's data path
+        replaying its input after a fail-over, the log already holding the
+        rows it published before). With a :attr:`journal` (a cluster's data
+        path), the rows reach its standby before any reader sees them.
+        """
+        if epoch is not None:
+            if epoch <= self.epoch:
+                return
+            self.epoch = epoch
         visible = [(p, b, b.select(self.schema.names)) for p, b in batches if b.num_rows]
         stored = [self._stored_batch(b, v) if self.retain else None for _, b, v in visible]
+        if self.journal is not None and visible:
+            self.journal.published(self, epoch, [(p, kept if kept is not None else b.num_rows)
+                                                 for (p, b, _), kept in zip(visible, stored)])
         with self._lock:
             for (partition, batch, _), kept in zip(visible, stored):
                 part = self._parts.setdefault(partition, _Partition())
@@ -271,6 +295,8 @@ class OutputLog:
         from releasing rows it has not read yet. Registering again moves it
         only forward, like :meth:`commit`.
         """
+        if self.journal is not None:
+            self.journal.consumed(self, "register", consumer, positions)
         with self._lock:
             mine = self._consumers.setdefault(consumer, {})
             start = {p: part.base for p, part in self._parts.items()}
@@ -284,6 +310,8 @@ class OutputLog:
         Rows are released once *every* consumer that ever committed on this
         log has passed them; positions never move back.
         """
+        if self.journal is not None:
+            self.journal.consumed(self, "commit", consumer, positions)
         with self._lock:
             mine = self._consumers.setdefault(consumer, {})
             for p, pos in positions.items():
@@ -292,6 +320,79 @@ class OutputLog:
             lows = {p: min(c.get(p, 0) for c in self._consumers.values()) for p in parts}
         for p, low in lows.items():
             self.release(p, low)
+
+
+    # --- a cluster's standby data path ------------------------------------------------
+    @property
+    def stored_schema(self) -> pa.Schema:
+        """The schema of what the log keeps: the visible fields, then ``__seq`` and ``__id``."""
+        return self._stored
+
+    def bases(self) -> dict[int, tuple[int, int]]:
+        """Per partition: the first retained position and where the retention's drops end."""
+        with self._lock:
+            return {p: (part.base, part.dropped) for p, part in self._parts.items()}
+
+    def rebase(self, bases: dict[int, tuple[int, int]]) -> None:
+        """Release what the primary's log released (``bases`` of it), as a standby's copy does."""
+        for p, (base, dropped) in bases.items():
+            with self._lock:
+                part = self._parts.setdefault(int(p), _Partition())
+                if dropped > part.dropped:
+                    self.dropped += dropped - max(part.dropped, part.base)
+                    part.dropped = dropped
+            self.release(int(p), base)
+
+    def append_stored(self, epoch: int, batches: list[tuple[int, "pa.RecordBatch | int"]]) -> None:
+        """Take an epoch the primary published: ``(partition, stored batch)`` pairs, or ``(partition, rows)``
+        for a log that keeps no rows. Nothing is told to subscribers (a standby has none)."""
+        if epoch is not None and epoch <= self.epoch:
+            return
+        self.epoch = epoch or self.epoch
+        with self._lock:
+            for partition, kept in batches:
+                part = self._parts.setdefault(int(partition), _Partition())
+                rows = kept if isinstance(kept, int) else kept.num_rows
+                if not isinstance(kept, int):
+                    part.starts.append(part.end)
+                    part.batches.append(kept)
+                    self._order.append((time.monotonic(), int(partition), part.end, rows, kept.nbytes))
+                    self.held_rows += rows
+                    self.held_bytes += kept.nbytes
+                part.end += rows
+                if isinstance(kept, int):
+                    part.base = part.end
+                self.rows += rows
+
+    def snapshot(self) -> dict:
+        """Everything a standby needs to hold the same log: per partition its positions and retained
+        (stored) batches, the consumers' positions, the last epoch taken."""
+        with self._lock:
+            return {"epoch": self.epoch, "rows": self.rows, "dropped": self.dropped,
+                    "consumers": {c: dict(ps) for c, ps in self._consumers.items()},
+                    "parts": {p: (part.base, part.end, part.dropped, list(zip(part.starts, part.batches)))
+                              for p, part in self._parts.items()}}
+
+    def restore(self, snap: dict) -> None:
+        """Hold what :meth:`snapshot` described (a new standby being synced)."""
+        with self._lock:
+            self.epoch, self.rows, self.dropped = snap["epoch"], snap["rows"], snap["dropped"]
+            self._consumers = {c: {int(p): v for p, v in ps.items()} for c, ps in snap["consumers"].items()}
+            self._parts, self._order = {}, deque()
+            self.held_rows = self.held_bytes = 0
+            for p, (base, end, dropped, batches) in snap["parts"].items():
+                part = self._parts[int(p)] = _Partition(base, end, dropped)
+                for start, batch in batches:
+                    part.starts.append(start)
+                    part.batches.append(batch)
+                    self._order.append((time.monotonic(), int(p), start, batch.num_rows, batch.nbytes))
+                    self.held_rows += batch.num_rows
+                    self.held_bytes += batch.nbytes
+
+    def adopt(self, other: "OutputLog") -> None:
+        """Take over ``other``'s rows, positions, consumers and epoch (a standby's copy becoming the log
+        of the deployment the new primary replays)."""
+        self.restore(other.snapshot())
 
 
 class Subscription:

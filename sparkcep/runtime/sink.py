@@ -112,7 +112,7 @@ class Sink:
     def _into_logs(self, epoch: int, per_log: dict[str, list]) -> None:
         """One epoch's rows into the logs, each log taking all of them at once."""
         for out, batches in per_log.items():
-            self.logs[out].extend(batches)
+            self.logs[out].extend(batches, epoch)
 
     def retired(self, feeds: list[Feed]) -> bool:
         """Have all of ``feeds`` passed their generation's ``Retire`` record?"""

@@ -37,10 +37,11 @@ FORMS = "zk://HOST:PORT[,HOST:PORT...]/PATH (e.g. zk://127.0.0.1:2181/sparkcep) 
 def open_registry(address: str, **options) -> Registry:
     """A registry session at ``address``: ``zk://HOST:PORT[,HOST:PORT...][/PATH]`` (root PATH, default
     ``/sparkcep``) or ``embedded`` (a new in-process store). ``options`` go to the backend
-    (``session_timeout`` and ``timeout`` are ZkRegistry's; the embedded one ignores them). BAD_ADDRESS naming
-    the expected form otherwise."""
-    if address == "embedded":  # nothing to time out in-process
-        return EmbeddedRegistry(**{k: v for k, v in options.items() if k not in ("session_timeout", "timeout")})
+    (``session_timeout``, ``timeout`` and ``token`` — the cluster's, to write — are ZkRegistry's; the embedded
+    one ignores them). BAD_ADDRESS naming the expected form otherwise."""
+    if address == "embedded":  # nothing to time out or to authenticate in-process
+        return EmbeddedRegistry(**{k: v for k, v in options.items()
+                                   if k not in ("session_timeout", "timeout", "token")})
     match = _ZK.fullmatch(address) if isinstance(address, str) else None
     if match is None or any(not 0 < int(h.rpartition(":")[2]) < 65536 for h in match[1].split(",")):
         raise RegistryError(f"bad registry address {address!r}: expected {FORMS}", "BAD_ADDRESS")

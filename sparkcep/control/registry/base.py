@@ -52,11 +52,12 @@ log = logging.getLogger("sparkcep.control.registry")
 class Op:
     """One operation of a transaction, its document already encoded."""
 
-    kind: str  # "create", "set" (create or replace) or "delete"
+    kind: str  # "create", "set" (create or replace), "delete" or "check" (the node is at ``version``)
     path: str
     data: bytes = b""
     ephemeral: bool = False
     sequence: bool = False
+    version: int = -1
 
 
 _UNSET = object()
@@ -99,6 +100,48 @@ class Watch:
         self.cancelled = True
 
 
+class Presence:
+    """An ephemeral node kept by a process: made now, and made again in each new session once the node of
+    the former one is gone (after an expiry, or a ZooKeeper restarted empty). A thread of its own looks
+    every :data:`KEEP_EVERY_S` while connected. NODE_EXISTS at once if another process holds the node."""
+
+    def __init__(self, registry: "Registry", path: str, doc: dict):
+        self.registry, self.path, self.doc = registry, check_path(path), dict(doc)
+        self._stop = threading.Event()
+        registry.create(path, self.doc, ephemeral=True)
+        self._thread = threading.Thread(target=self._keep, name=f"sparkcep-keep-{path}", daemon=True)
+        self._thread.start()
+
+    def update(self, doc: dict) -> None:
+        """Hold ``doc`` from now on."""
+        self.doc = dict(doc)
+        if self.registry.owned(self.path):
+            self.registry.set(self.path, self.doc)
+
+    def _keep(self) -> None:
+        while not self._stop.wait(KEEP_EVERY_S):
+            if self.registry.state is not State.CONNECTED:
+                continue
+            try:
+                if self.registry.owned(self.path) is None:
+                    self.registry.create(self.path, self.doc, ephemeral=True)
+                    log.info("registry: %s made again in a new session", self.path)
+            except Exception as e:  # the connection dropped again, or a former session's node is still there
+                log.debug("registry: keeping %s: %s", self.path, e)
+
+    def cancel(self) -> None:
+        """Stop keeping the node and delete it (if this session holds it and the registry answers)."""
+        self._stop.set()
+        try:
+            if self.registry.state is State.CONNECTED and self.registry.owned(self.path):
+                self.registry.delete(self.path)
+        except Exception as e:
+            log.debug("registry: dropping %s: %s", self.path, e)
+
+
+KEEP_EVERY_S = 0.25
+
+
 class Transaction:
     """Operations applied together or not at all, at :meth:`commit` (or at the end of a ``with`` block).
 
@@ -129,6 +172,13 @@ class Transaction:
     def delete(self, path: str) -> "Transaction":
         """Add the deletion of ``path``, which must exist and have no children."""
         self._ops.append(Op("delete", check_path(path)))
+        return self
+
+    def check(self, path: str, version: int) -> "Transaction":
+        """Apply the transaction only if ``path`` exists at ``version`` (as :meth:`Registry.versioned` read
+        it): BAD_VERSION otherwise. How a holder fences its writes: they fail once someone else changed
+        the node, or once its lease node (version 0, an ephemeral) went with its session."""
+        self._ops.append(Op("check", check_path(path), version=version))
         return self
 
     def commit(self) -> list[str]:
@@ -172,6 +222,22 @@ class Registry(abc.ABC):
     @abc.abstractmethod
     def get(self, path: str) -> dict | None:
         """The document at ``path``, or None if there is no such node."""
+
+    @abc.abstractmethod
+    def versioned(self, path: str) -> tuple[dict | None, int | None]:
+        """The document at ``path`` and its version (it counts the document's changes from 0); ``(None,
+        None)`` if there is no such node."""
+
+    @abc.abstractmethod
+    def owned(self, path: str) -> bool | None:
+        """Whether the ephemeral node ``path`` belongs to this session (None: there is no such node; False:
+        a persistent node, or another session's, such as this process's own former session that the server
+        has not expired yet)."""
+
+    def keep(self, path: str, doc: dict) -> "Presence":
+        """Keep the ephemeral node ``path`` holding ``doc`` for as long as this session lives, and in every
+        later session (:class:`Presence`)."""
+        return Presence(self, path, doc)
 
     @abc.abstractmethod
     def delete(self, path: str, recursive: bool = False) -> None:

@@ -23,16 +23,16 @@ from sparkcep.control.registry.nodes import RegistryError, State, ancestors, che
 class _Node:
     """A node: its encoded document, the session owning it if ephemeral, its children's names."""
 
-    __slots__ = ("data", "owner", "children", "next_sequence")
+    __slots__ = ("data", "owner", "children", "next_sequence", "version")
 
     def __init__(self, data: bytes = b"", owner: int | None = None):
         self.data, self.owner = data, owner
         self.children: set[str] = set()
-        self.next_sequence = 0
+        self.next_sequence = self.version = 0
 
     def copy(self) -> "_Node":
         node = _Node(self.data, self.owner)
-        node.children, node.next_sequence = set(self.children), self.next_sequence
+        node.children, node.next_sequence, node.version = set(self.children), self.next_sequence, self.version
         return node
 
 
@@ -53,8 +53,13 @@ class _Edit:
                 raise node_error("NOT_EMPTY", op.kind, op.path)
             self._remove(full)
             return op.path
+        if op.kind == "check":
+            if full not in self.nodes or self.nodes[full].version != op.version:
+                raise node_error("BAD_VERSION", op.kind, op.path)
+            return op.path
         if op.kind == "set" and full in self.nodes:
-            self._touch(full).data = op.data
+            node = self._touch(full)
+            node.data, node.version = op.data, node.version + 1
             return op.path
         for path in ancestors(full):
             if path not in self.nodes:
@@ -152,6 +157,17 @@ class Store:
             node = self.nodes.get(full)
             return None if node is None else node.data
 
+    def owner(self, full: str):
+        """The session owning ``full`` (None: persistent; False: no such node)."""
+        with self.lock:
+            node = self.nodes.get(full)
+            return False if node is None else node.owner
+
+    def read_versioned(self, full: str) -> tuple[bytes | None, int | None]:
+        with self.lock:
+            node = self.nodes.get(full)
+            return (None, None) if node is None else (node.data, node.version)
+
     def children(self, full: str) -> list[str]:
         with self.lock:
             node = self.nodes.get(full)
@@ -195,6 +211,14 @@ class EmbeddedRegistry(Registry):
     def get(self, path: str) -> dict | None:
         data = self.store.read(self._full(path))
         return None if data is None else decode(data, path)
+
+    def owned(self, path: str) -> bool | None:
+        owner = self.store.owner(self._full(path))
+        return None if owner is False else owner == self._sid
+
+    def versioned(self, path: str) -> tuple[dict | None, int | None]:
+        data, version = self.store.read_versioned(self._full(path))
+        return (None, None) if data is None else (decode(data, path), version)
 
     def delete(self, path: str, recursive: bool = False) -> None:
         if not recursive:

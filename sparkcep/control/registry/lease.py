@@ -57,6 +57,22 @@ class Lease:
         self._watch = None
 
     @property
+    def contending(self) -> bool:
+        """Whether this session is in the contest (holding or awaiting the lease)."""
+        return self._prefix is not None
+
+    @property
+    def node(self) -> str | None:
+        """The path of this session's node in the contest (None when not contending): a holder conditions
+        its writes on it (``transaction().check(lease.node, 0)``), so they fail once its lease is gone."""
+        with self._lock:
+            prefix = self._prefix
+        if prefix is None:
+            return None
+        mine = [n for n in self.registry.children(self.folder) if n.startswith(prefix)]
+        return f"{self.folder}/{min(mine, key=sequence_number)}" if mine else None
+
+    @property
     def is_leader(self) -> bool:
         """Whether this session holds the lease and is connected (False while SUSPENDED: uncertain)."""
         return self._held and self.registry.state is State.CONNECTED

@@ -19,7 +19,7 @@ class RegistryError(EngineError):
     """A registry operation failed: ``code`` says why, ``path`` names the node (None: the registry itself).
 
     Codes: REGISTRY_UNREACHABLE, REGISTRY_CLOSED, NO_NODE, NODE_EXISTS,
-    NOT_EMPTY, EPHEMERAL_PARENT, BAD_PATH, BAD_DOCUMENT, DOCUMENT_TOO_LARGE,
+    NOT_EMPTY, EPHEMERAL_PARENT, BAD_VERSION, NOT_ALLOWED, BAD_PATH, BAD_DOCUMENT, DOCUMENT_TOO_LARGE,
     BAD_ADDRESS, UNKNOWN_ARGUMENT, LEASE_TIMEOUT, LEASE_LOST, and CONFLICT
     (ZooKeeper: concurrent writers kept spoiling a transaction's plan).
     """
@@ -36,6 +36,9 @@ _NODE_ERRORS = {
     "NODE_EXISTS": "the node exists already",
     "NOT_EMPTY": "the node has children (delete with recursive=True)",
     "EPHEMERAL_PARENT": "its parent is an ephemeral node, which cannot have children",
+    "BAD_VERSION": "the node changed since it was read (or is gone)",
+    "NOT_ALLOWED": "this session does not hold the cluster's token (the registry's nodes are writable by its "
+                   "holders only)",
 }
 
 

@@ -7,19 +7,36 @@ dies or loses the server. Operations are retried over connection losses
 REGISTRY_UNREACHABLE naming the operation (as with any remote store, a write
 that failed so may still be applied if the connection comes back within the
 session). Requests are sent only while connected, so no call waits longer.
-Callbacks run on kazoo's callback thread. Documents are kept under ``root`` with no ACLs: seal what must not be
-forged (:func:`sparkcep.auth.seal`), and never store a token.
+Callbacks run on kazoo's callback thread.
+
+**Only token holders write.** Opened with the cluster's ``token``, a
+session authenticates with a ZooKeeper digest derived from it
+(:func:`acl_password`; the token itself never travels) and every node it
+creates may be changed or deleted by digest holders only, read by anyone
+(``sparkcep status`` needs no token). A session without the token reads;
+its writes fail with NOT_ALLOWED. Still seal what must not be forged
+(:func:`sparkcep.auth.seal`), and never store a token.
+
+**A restarted ZooKeeper.** A session cut off for longer than its timeout
+is over on the server, so the registry starts a new one itself (LOST, then
+CONNECTED): a server restarted with empty data (a development server's
+temporary directory) refuses clients that saw later transactions than it
+has, and kazoo would retry the old session with them forever.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import threading
 import time
 from typing import Callable
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import (ConnectionClosedError, ConnectionLoss, KazooException, NoChildrenForEphemeralsError,
-                              NodeExistsError, NoNodeError, NotEmptyError, RolledBackError, RuntimeInconsistency)
+from kazoo.exceptions import (BadVersionError, ConnectionClosedError, ConnectionLoss, KazooException,
+                              NoAuthError, NoChildrenForEphemeralsError, NodeExistsError, NoNodeError, NotEmptyError,
+                              RolledBackError, RuntimeInconsistency)
+from kazoo.security import make_acl, make_digest_acl
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import Callback
 from kazoo.retry import KazooRetry, RetryFailedError
@@ -29,8 +46,15 @@ from sparkcep.control.registry.base import Op, Registry, Watch, log
 from sparkcep.control.registry.nodes import RegistryError, State, ancestors, check_path, decode, node_error
 
 _CODES = ((NoNodeError, "NO_NODE"), (NodeExistsError, "NODE_EXISTS"), (NotEmptyError, "NOT_EMPTY"),
-          (NoChildrenForEphemeralsError, "EPHEMERAL_PARENT"))
+          (NoChildrenForEphemeralsError, "EPHEMERAL_PARENT"), (BadVersionError, "BAD_VERSION"),
+          (NoAuthError, "NOT_ALLOWED"))
+ACL_USER = "sparkcep"
 _REPLANS = 8  # a transaction planned on a tree that concurrent writers keep changing fails after this many plans
+
+
+def acl_password(token: str) -> str:
+    """The ZooKeeper digest password of a cluster's token holders: an HMAC of the token, never the token."""
+    return hmac.new(token.encode(), b"sparkcep zookeeper acl", hashlib.sha256).hexdigest()
 
 
 def _code(error: BaseException) -> str | None:
@@ -48,7 +72,7 @@ class ZkRegistry(Registry):
 
     @checked(RegistryError)
     def __init__(self, hosts: str = "127.0.0.1:2181", root: str = "/sparkcep", session_timeout: float = 10.0,
-                 timeout: float = 10.0):
+                 timeout: float = 10.0, token: str | None = None):
         super().__init__()
         self.root = check_path(root)
         if self.root == "/":
@@ -60,8 +84,14 @@ class ZkRegistry(Registry):
         self._connected = threading.Event()
         self._watches: list[Watch] = []  # renewed at each CONNECTED
         self._retry = KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0, deadline=timeout)
+        self._cut_since: float | None = None  # when the connection dropped, while it is down
+        acl = auth_data = None
+        if token is not None:
+            password = acl_password(token)
+            acl = [make_digest_acl(ACL_USER, password, all=True), make_acl("world", "anyone", read=True)]
+            auth_data = [("digest", f"{ACL_USER}:{password}")]
         try:
-            self._client = KazooClient(hosts=hosts, timeout=session_timeout,
+            self._client = KazooClient(hosts=hosts, timeout=session_timeout, default_acl=acl, auth_data=auth_data,
                                        connection_retry=dict(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0))
         except (ValueError, KazooException) as e:
             raise RegistryError(f"bad ZooKeeper hosts {hosts!r}: {e}; expected HOST:PORT[,HOST:PORT...]",
@@ -75,9 +105,10 @@ class ZkRegistry(Registry):
         try:
             self.create("/", {})
         except RegistryError as e:
-            if e.code != "NODE_EXISTS":
+            if e.code not in ("NODE_EXISTS", "NOT_ALLOWED"):
                 self.close()
                 raise
+        threading.Thread(target=self._watchdog, name="sparkcep-registry-watchdog", daemon=True).start()
 
     def _full(self, path: str) -> str:
         return self.root if check_path(path) == "/" else self.root + path
@@ -117,6 +148,24 @@ class ZkRegistry(Registry):
                 return None
             raise
         return decode(data, path)
+
+    def owned(self, path: str) -> bool | None:
+        full = self._full(path)
+        stat = self._call("exists", path, lambda ask: ask(self._client.exists_async, full))
+        if stat is None:
+            return None
+        session = self._client.client_id
+        return bool(stat.ephemeralOwner) and session is not None and stat.ephemeralOwner == session[0]
+
+    def versioned(self, path: str) -> tuple[dict | None, int | None]:
+        full = self._full(path)
+        try:
+            data, stat = self._call("get", path, lambda ask: ask(self._client.get_async, full))
+        except RegistryError as e:
+            if e.code == "NO_NODE":
+                return None, None
+            raise
+        return decode(data, path), stat.version
 
     def delete(self, path: str, recursive: bool = False) -> None:
         """As one transaction: a recursive delete removes the whole subtree at once, or nothing."""
@@ -162,7 +211,9 @@ class ZkRegistry(Registry):
             return known[full]
         for i, op in enumerate(ops):
             full = self._full(op.path)
-            if op.kind == "delete":
+            if op.kind == "check":
+                txn.check(full, op.version)
+            elif op.kind == "delete":
                 txn.delete(full)
                 known[full] = False
             else:
@@ -182,7 +233,9 @@ class ZkRegistry(Registry):
         for (i, planned), result in zip(performs, results):
             if isinstance(result, Exception) and not isinstance(result, (RolledBackError, RuntimeInconsistency)):
                 code, op = _code(result), ops[i]
-                if code == "NO_NODE" and op.kind != "delete" or code == "NODE_EXISTS" and (planned or op.kind == "set"):
+                if code == "NO_NODE" and op.kind == "check":
+                    code = "BAD_VERSION"
+                elif code == "NO_NODE" and op.kind != "delete" or code == "NODE_EXISTS" and (planned or op.kind == "set"):
                     return None
                 if code is None:
                     raise result
@@ -241,12 +294,30 @@ class ZkRegistry(Registry):
             return
         if state == "CONNECTED":
             self._connected.set()
+            self._cut_since = None
         else:
             self._connected.clear()
+            self._cut_since = self._cut_since or time.monotonic()
         self._set_state(State(state))
         if state == "CONNECTED":
             for watch in self._watches:
                 self.call_soon(lambda watch=watch: self._refresh(watch))
+
+    def _watchdog(self) -> None:
+        """Start a new session once the connection has been down longer than the session timeout: the old
+        one is over on the server (or the server restarted empty and refuses it)."""
+        while not self._closed:
+            time.sleep(0.2)
+            cut = self._cut_since
+            if cut is None or time.monotonic() - cut < self.session_timeout + 1.0:
+                continue
+            log.warning("registry %s: no connection for %.1f s: starting a new session", self.address,
+                        time.monotonic() - cut)
+            client = self._client
+            client._session_id, client._session_passwd, client.last_zxid = None, b"\x00" * 16, 0
+            self._cut_since = time.monotonic()
+            if self._state is not State.LOST:
+                self._set_state(State.LOST)
 
     def call_soon(self, fn: Callable[[], object]) -> None:
         def run():

@@ -1,0 +1,220 @@
+"""Who serves a cluster's data path: primary, standby or spare, decided and fenced in the registry.
+
+Nodes (:mod:`sparkcep.control.tree`): ``/hosts/<name>`` (ephemeral, each
+engine host's role, era and run); ``/engine`` (ephemeral: the primary, its
+address and era); ``/datapath`` (persistent: the era, its primary and the
+standby synced with it). An *era* counts the primaries of a data path's
+run: a take-over starts the next one.
+
+* A host becomes primary only by creating ``/engine`` and writing
+  ``/datapath`` in one transaction, checked against the ``/datapath``
+  version it read: two hosts cannot both win, nor a late one undo a later
+  era.
+* The standby named in ``/datapath`` for the current era, holding every
+  entry of it, takes over (era + 1) once ``/engine`` is gone — after
+  :data:`GRACE_S` when its own session was cut too (a ZooKeeper pause or
+  restart: the primary may be re-registering), and never while another host
+  says it is primary of that era or later.
+* A primary serves only while its session is connected and ``/engine`` is
+  its own. When the session is suspended it stops answering changes; once
+  connected again it takes ``/engine`` back (same era) — or, finding a
+  later era, knows it was deposed and stops.
+* A spare founds a new run (era 1) only when the registry holds no data
+  path at all and no host of any era has shown up for :data:`FOUND_GRACE_S`.
+
+One thread decides, on every change of those nodes and every
+:data:`STEP_S`; the host does what it decides (:class:`~sparkcep.control.host.EngineHost`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+
+from sparkcep.control import tree
+from sparkcep.control.registry import RegistryError, State
+
+log = logging.getLogger("sparkcep")
+STEP_S = 0.25
+GRACE_S = 4.0  # after its own session was cut, a standby waits this long for the primary to come back
+FOUND_GRACE_S = 5.0  # a spare founds a new data path only after the registry showed none for this long
+
+
+class Roles:
+    """The role of engine host ``name`` (``doc()``: its address, pid, host), acted out by ``host``."""
+
+    def __init__(self, registry, name: str, doc, host):
+        self.registry, self.name, self._doc, self.host = registry, name, doc, host
+        self.role, self.era, self.run = "spare", 0, None
+        self.deposed = threading.Event()
+        self._claimed = False  # /engine is ours, in this session
+        self._cut_at: float | None = None  # when our session was last cut off (suspended or lost)
+        self._since = time.monotonic()  # when we joined, for founding
+        self._orphan_since: float | None = None
+        self._closed = False
+        self._wake = threading.Event()
+        self.presence = registry.keep(tree.host(name), self._host_doc())
+        registry.add_listener(self._on_state)
+        self._watches = [registry.watch(tree.ENGINE, lambda _: self._wake.set()),
+                         registry.watch_children(tree.HOSTS, lambda _: self._wake.set())]
+        self._thread = threading.Thread(target=self._loop, name=f"sparkcep-roles-{name}", daemon=True)
+        self._thread.start()
+
+    # --- what the host asks ----------------------------------------------------------------
+    def serving(self) -> bool:
+        """Whether this host may take changes now: the primary, connected, holding ``/engine``."""
+        return self.role == "primary" and self._claimed and self.registry.state is State.CONNECTED
+
+    def synced(self, era: int, run: str) -> None:
+        """The primary of ``era`` finished syncing this host: it is that era's standby."""
+        self._become("standby", era, run)
+
+    def orphaned_for(self) -> float:
+        """Seconds this host has had no registry session or no orchestrator."""
+        return 0.0 if self._orphan_since is None else time.monotonic() - self._orphan_since
+
+    def _become(self, role: str, era: int, run: str | None) -> None:
+        self.role, self.era, self.run = role, era, run
+        log.info("engine host %s: %s of era %d (run %s)", self.name, role, era, run)
+        try:
+            self.presence.update(self._host_doc())
+        except RegistryError as e:
+            log.debug("engine host %s: /hosts not updated now: %s", self.name, e)
+
+    def _host_doc(self) -> dict:
+        return {**self._doc(), "role": self.role, "era": self.era, "run": self.run}
+
+    # --- deciding --------------------------------------------------------------------------
+    def _on_state(self, state: State) -> None:
+        if state is not State.CONNECTED:
+            self._cut_at = time.monotonic()
+            if state is State.LOST:
+                self._claimed = False
+        self._wake.set()
+
+    def _loop(self) -> None:
+        while not self._closed and not self.deposed.is_set():
+            self._wake.wait(STEP_S)
+            self._wake.clear()
+            self._watch_orphan()
+            if self.registry.state is not State.CONNECTED:
+                continue
+            try:
+                self._step()
+            except RegistryError as e:  # the connection dropped meanwhile: the next step looks again
+                log.debug("engine host %s: %s [%s]", self.name, e, e.code)
+            except Exception:
+                log.exception("engine host %s: deciding its role failed", self.name)
+                time.sleep(1.0)
+
+    def _watch_orphan(self) -> None:
+        try:
+            alone = self.registry.state is not State.CONNECTED or not self.registry.children(tree.ORCHESTRATORS)
+        except RegistryError:
+            alone = True
+        if not alone:
+            self._orphan_since = None
+        elif self._orphan_since is None:
+            self._orphan_since = time.monotonic()
+
+    def _step(self) -> None:
+        engine = self.registry.get(tree.ENGINE)
+        datapath, version = self.registry.versioned(tree.DATAPATH)
+        if self.role == "primary":
+            self._as_primary(engine, datapath, version)
+        elif engine is None:
+            self._without_primary(datapath, version)
+
+    def _as_primary(self, engine, datapath, version) -> None:
+        journal = self.host.engine.journal
+        if engine is None or engine.get("name") != self.name or not self.registry.owned(tree.ENGINE):
+            self._claimed = False
+            later = [d for d in (engine, datapath) if d and d.get("run") == self.run and d.get("era", 0) > self.era]
+            if later or (engine is not None and engine.get("name") != self.name):
+                if later or engine.get("run") == self.run:
+                    log.warning("engine host %s: era %d has a successor (%s): this host is deposed", self.name,
+                                self.era, (later or [engine])[0].get("name"))
+                    self.deposed.set()
+                return
+            if self._claim(datapath if datapath and datapath.get("run") == self.run else None,
+                           version, self.era, self.run, journal.standby):
+                log.info("engine host %s: primary of era %d again", self.name, self.era)
+                if journal.standby is not None:
+                    journal.mark_recorded(journal.standby)
+            return
+        self._claimed = True
+        if journal.standby is None:
+            self._attach_standby(journal)
+        elif not journal.recorded or (datapath or {}).get("standby") != journal.standby:
+            with self.registry.transaction() as t:
+                t.check(tree.DATAPATH, version)
+                t.set(tree.DATAPATH, {**datapath, "standby": journal.standby})
+            journal.mark_recorded(journal.standby)
+
+    def _attach_standby(self, journal) -> None:
+        hosts = {n: self.registry.get(tree.host(n)) for n in self.registry.children(tree.HOSTS) if n != self.name}
+        ranked = sorted((n for n, d in hosts.items() if d), key=lambda n: (hosts[n].get("role") != "spare", n))
+        for name in ranked:
+            try:
+                journal.attach(name, hosts[name]["address"])
+                return
+            except Exception as e:  # it died meanwhile, or is not ready: the next one, or the next step
+                log.warning("engine host %s: cannot sync %s as its standby: %s", self.name, name, e)
+
+    def _without_primary(self, datapath, version) -> None:
+        recently_cut = self._cut_at is not None and time.monotonic() - self._cut_at < GRACE_S
+        hosts = [self.registry.get(tree.host(n)) for n in self.registry.children(tree.HOSTS) if n != self.name]
+        backup = self.host.backup
+        if self.role == "standby" and backup.synced:
+            if recently_cut or any(h and h.get("role") == "primary" and h.get("run") == backup.run and
+                                   h.get("era", 0) >= backup.era for h in hosts):
+                return
+            if datapath is not None and not (datapath.get("run") == backup.run and datapath.get("era") == backup.era
+                                             and datapath.get("standby") == self.name):
+                return
+            with backup.lock:
+                backup.fenced = True  # the old primary's entries stop here
+            era = backup.era + 1
+            if not self._claim(datapath, version, era, backup.run, None):
+                with backup.lock:
+                    backup.fenced = False
+                return
+            log.warning("engine host %s: the primary of era %d is gone: taking over as era %d", self.name,
+                        backup.era, era)
+            self.role, self.era, self.run = "taking-over", era, backup.run
+            self.host.take_over(era)
+            self._become("primary", era, backup.run)
+        elif (self.role == "spare" and datapath is None and not recently_cut
+              and time.monotonic() - self._since > FOUND_GRACE_S and not any(h and h.get("era") for h in hosts)):
+            run = uuid.uuid4().hex
+            if self._claim(None, None, 1, run, None):
+                log.info("engine host %s: founding the cluster's data path (run %s)", self.name, run)
+                self.host.found(1, run)
+                self._become("primary", 1, run)
+
+    def _claim(self, datapath, version, era: int, run: str, standby: str | None) -> bool:
+        """Create ``/engine`` and write ``/datapath`` for ``era``, checked against the ``version`` of
+        ``/datapath`` read (None: it must not exist); whether this host won."""
+        doc = {**self._doc(), "era": era, "run": run}
+        try:
+            with self.registry.transaction() as t:
+                if datapath is not None:
+                    t.check(tree.DATAPATH, version)
+                t.create(tree.ENGINE, doc, ephemeral=True)
+                t.set(tree.DATAPATH, {"era": era, "run": run, "primary": self.name, "standby": standby})
+        except RegistryError as e:
+            if e.code in ("NODE_EXISTS", "BAD_VERSION"):
+                return False
+            raise
+        self._claimed = True
+        return True
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+        for watch in self._watches:
+            watch.cancel()
+        self.registry.remove_listener(self._on_state)
+        self.presence.cancel()
