@@ -118,17 +118,18 @@ class Engine:
         return engine
 
     @staticmethod
-    def connect(address: str, token: str | None = None, token_file: str | None = None):
+    def connect(address: str, token: str | None = None, token_file: str | None = None, retry_s: float = 30.0):
         """The engine of a cluster (``zk://HOST:PORT/PATH``): deploy through its leading orchestrator;
-        send, end, collect, subscribe and metrics straight to its engine host
-        (:class:`sparkcep.control.connect.ConnectedEngine`). ``token``, or the file holding it."""
+        send, end, collect, subscribe and metrics straight to its data path
+        (:class:`sparkcep.control.connect.ConnectedEngine`), riding through its fail-overs for up to
+        ``retry_s`` seconds a call. ``token``, or the file holding it."""
         from sparkcep.control.connect import ConnectedEngine
         if token is None:
             if token_file is None:
                 raise EngineError("Engine.connect needs the cluster's token (token=... or token_file=...)",
                                   "TOKEN_NOT_FOUND")
             token = auth.read(token_file)
-        return ConnectedEngine(address, token)
+        return ConnectedEngine(address, token, timeout=retry_s, retry_s=retry_s)
 
     def _cluster(self):
         """The instance managers (created on first use)."""

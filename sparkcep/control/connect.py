@@ -68,7 +68,7 @@ class DataPath:
 
     def __init__(self, zk: str, token: str, retry_s: float = RETRY_S):
         self.zk, self.token, self.retry_s = zk, token, retry_s
-        self.registry = open_registry(zk, timeout=REGISTRY_TIMEOUT_S, token=token)
+        self.registry = open_registry(zk, session_timeout=2.0, timeout=REGISTRY_TIMEOUT_S, token=token)
         self._address: str | None = None
         self._lock = threading.Lock()
 

@@ -189,6 +189,7 @@ class Orchestrator:
         answer, _ = self.path.call(f"deploy of {query.name!r}", deploy)
         self._record(query.name, request["query"], options, answer)
         log.info("orchestrator %s: deployed %s (%s)", self.name, query.name, answer["deployment"])
+        self._refresh()
         return {"deployment": answer["deployment"], "streams": answer["streams"], "outputs": answer["outputs"]}
 
     def _record(self, name: str, sealed_query: str, options: dict, answer: dict) -> None:
@@ -239,7 +240,7 @@ class Orchestrator:
                 "time": now, "state": m.get("state", "running"),
                 **{k: m.get(k) for k in ("rows_in", "rows_out", "input_rate", "throughput", "latency_ms")}})
         client.close()
-        self._hosted = {im["name"]: im["instances"] for im in ims if im.get("alive", True)}
+        self._hosted = {im["name"]: im["instances"] for im in ims}  # a dead one's too: its death is reported
         placement: dict[str, dict] = {}
         for im in ims:
             for inst in im["instances"] if im.get("alive", True) else ():
@@ -283,6 +284,8 @@ class Orchestrator:
         if connected:
             try:
                 self.lease.release()
+                self.presence.cancel()
+                time.sleep(0.3)  # orchestrators stopped together each see the others gone
                 others = [o for o in self.registry.children(tree.ORCHESTRATORS) if o != self.name]
                 if not others:
                     hosts = [d for n in self.registry.children(tree.HOSTS) if (d := self.registry.get(tree.host(n)))]
@@ -305,8 +308,6 @@ class Orchestrator:
         self._reap()
         if self.metrics_address:
             self._metrics_server.shutdown()
-        if connected:
-            self.presence.cancel()
         self.path.close()
         self.registry.close()
 

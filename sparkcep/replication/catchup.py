@@ -4,9 +4,10 @@ When replica ``r`` fails, the survivors go on alone (the dedup sink passes
 their rows through). Then, while the query keeps taking input:
 
 1. The replica's next generation is deployed: its instances where they ran
-   before, those of a dead instance manager on a standby one (or, with no
-   standby left, on the live instance managers of the replica's own side);
-   they wait.
+   before, those of a dead instance manager on a standby one (or one in no
+   replica's side: a worker that joined since), else on the live instance
+   managers of the replica's own side, else on one that joins within
+   :data:`ROOM_WAIT_S`; they wait.
 2. At the open epoch ``E`` (under the engine's lock, between two sends) a
    survivor gets ``Export`` records: each of its stateful instances, once it
    consumed everything before ``E``, copies its state to the rebuilt
@@ -36,6 +37,7 @@ from sparkcep.runtime.channels import Export, Import
 from sparkcep.runtime.placement import extend
 
 log = logging.getLogger("sparkcep")
+ROOM_WAIT_S = 30.0  # a lost replica with nowhere to run waits this long for an instance manager to join
 
 
 def copy_records(survivor, gen):
@@ -62,9 +64,14 @@ def placement_for(rs, r: int, cluster, survivor) -> dict | None:
     lost = rs.members[r]
     dead = {i for i in rs.sides[r] if cluster.ims[i].dead is not None}
     live = sorted(rs.sides[r] - dead)
+    others = set().union(*(side for k, side in enumerate(rs.sides) if k != r))
     swap = {}
+    deadline = time.monotonic() + ROOM_WAIT_S
     for i in sorted(dead):
-        spare = cluster.take_standby()
+        spare = cluster.take_standby(others | rs.sides[r])
+        while spare is None and not live and time.monotonic() < deadline:  # a worker may be joining
+            time.sleep(0.1)
+            spare = cluster.take_standby(others | rs.sides[r])
         if spare is None:
             break
         swap[i] = spare
@@ -72,8 +79,9 @@ def placement_for(rs, r: int, cluster, survivor) -> dict | None:
     rs.sides[r] -= dead
     spill = [i for i in dead if i not in swap]
     if spill and not live:
-        raise EngineError(f"no standby instance manager and no live one on replica {r}'s side: it is not "
-                          "rebuilt; the query runs on the other replica alone", "NO_ROOM")
+        raise EngineError(f"no standby instance manager and no live one on replica {r}'s side (none joined "
+                          f"within {ROOM_WAIT_S:.0f} s): it is not rebuilt; the query runs on the other replica "
+                          "alone", "NO_ROOM")
     kept = {}
     for k, (ep, at) in enumerate(sorted(lost.assignment.items())):
         kept[ep] = swap.get(at, live[k % len(live)] if at in spill else at)

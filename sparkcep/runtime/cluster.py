@@ -241,10 +241,13 @@ class Cluster:
             return [{im.index for im in live if nodes.index((im.info.host, im.slot.node)) % k == r} for r in range(k)]
         return [{im.index for j, im in enumerate(live) if j * k // len(live) == r} for r in range(k)]
 
-    def take_standby(self) -> int | None:
-        """A live standby instance manager, now put to use (None: none left)."""
+    def take_standby(self, avoid: set[int] = frozenset()) -> int | None:
+        """A live instance manager to rebuild a lost replica on, now put to use: a standby, else one in no
+        replica side of ``avoid`` (a worker that joined since: a cluster's members are no standbys); None
+        when there is none."""
         with self.lock:
-            im = next((im for im in self.ims if im.standby and im.dead is None), None)
+            im = (next((im for im in self.ims if im.standby and im.dead is None), None)
+                  or next((im for im in self.ims if im.dead is None and im.index not in avoid), None))
             if im is None:
                 return None
             im.standby = False

@@ -7,7 +7,9 @@ tasks, so a client (one TCP connection) made by one task serves the next
 ones of the same process. A request that finds the connection broken (the
 worker sat idle, the engine restarted) is retried once on a new connection:
 every request the data source makes is idempotent (a stage chunk sent again
-replaces itself, a batch committed again is a duplicate).
+replaces itself, a batch committed again is a duplicate). A cluster's
+requests are retried so until its data path serves again (a fail-over
+takes seconds), for up to ``RETRY_S`` seconds.
 
 A cluster's engine (``engine=zk://HOST:PORT/PATH``) is its engine host, at
 the address its registry holds at ``/engine``: each process looks it up once
@@ -18,11 +20,11 @@ it had stops answering.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 
 from sparkcep.gateway.client import EngineClient, resolve
-from sparkcep.control.connect import engine_address
-from sparkcep.gateway.discovery import EngineNotFoundError
+from sparkcep.control.connect import RETRY_S, engine_address, retryable
 from sparkcep.errors import SparkcepError
 from sparkcep.spark.options import SparkSourceError, spark_error
 
@@ -81,16 +83,22 @@ def _forget(target: Target) -> None:
 
 
 def call(target: Target, fn):
-    """``fn(client)``, retried once on a fresh connection (to a cluster's engine host looked up again) if the
-    engine was unreachable.
+    """``fn(client)``, retried on a fresh connection when the engine was unreachable: once for an engine
+    endpoint; for a cluster (its data path looked up again each time) until :data:`RETRY_S` seconds passed,
+    riding through a fail-over of its data path (every request the data source makes is idempotent).
 
     Errors cross into Spark as SparkSourceError, ``[UPMCEP_<CODE>]`` first in the message.
     """
-    try:
+    deadline = time.monotonic() + RETRY_S
+    tries = 0
+    while True:
+        tries += 1
         try:
             return fn(client(target))
-        except EngineNotFoundError:
+        except SparkcepError as e:
+            again = retryable(e) and (target.address.startswith(ZK) and time.monotonic() < deadline or tries == 1)
+            if not again:
+                raise spark_error(e) from None
             _forget(target)
-            return fn(client(target))
-    except SparkcepError as e:
-        raise spark_error(e) from None
+            if tries > 1:
+                time.sleep(0.1)

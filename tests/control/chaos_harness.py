@@ -1,0 +1,159 @@
+"""A cluster of real processes to break: ZooKeeper, orchestrators, workers, engine hosts; faults on demand.
+
+:class:`Cluster` starts what the README's "A cluster on one machine" starts
+(``sparkcep zookeeper``'s server on a port of its own, so it can be paused
+and restarted empty on the same port; ``sparkcep orchestrator`` x2;
+``sparkcep worker --zk`` x3), and injects one fault at a time:
+
+* ``primary`` / ``standby``: SIGKILL the engine host that is the data path's
+  primary (``/engine``) or its standby (``/datapath``);
+* ``leader``: SIGKILL the orchestrator holding the lease (another one is
+  started under a new name, as a supervisor would);
+* ``worker``: SIGKILL a worker running instances (a new one joins under a
+  new name, as the Spark launcher does);
+* ``pause``: SIGSTOP ZooKeeper for ``pause_s``, then SIGCONT;
+* ``restart``: stop ZooKeeper and start it again empty on the same port.
+
+:meth:`Cluster.stop` ends everything with SIGTERM and returns what is left
+of the cluster: processes whose command line names its registry, and
+shared-memory entries of its processes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from zk_harness import ROOT
+
+from sparkcep import auth
+from sparkcep.control import tree
+from sparkcep.control.registry import ZkRegistry
+from sparkcep.control.zookeeper import ZooKeeperServer
+
+FAULTS = ("primary", "standby", "leader", "worker", "pause", "restart")
+
+
+class Cluster:
+    """The processes of one cluster under ``work`` (logs, token); ``workers`` members, 2 orchestrators."""
+
+    def __init__(self, work: Path, workers: int = 3, pause_s: float = 10.0):
+        self.work, self.pause_s = Path(work), pause_s
+        self.token_file = auth.write(self.work / "token", auth.generate())
+        self.zk_server = ZooKeeperServer()
+        self.zk_hosts = self.zk_server.start(timeout=60)
+        self.zk = f"zk://{self.zk_hosts}/chaos"
+        self.procs: dict[str, subprocess.Popen] = {}
+        self._names = iter(range(1, 1 << 30))
+        self.registry = ZkRegistry(self.zk_hosts, "/chaos", session_timeout=2.0, timeout=30,
+                                   token=auth.read(self.token_file))
+        for _ in range(2):
+            self.add("orchestrator")
+        for _ in range(workers):
+            self.add("worker")
+
+    def add(self, kind: str) -> str:
+        """Start one more orchestrator or worker; its name."""
+        name = f"{kind[0]}{next(self._names)}"
+        args = ["--zk", self.zk, "--name", name, "--token-file", str(self.token_file)]
+        if kind == "worker":
+            args += ["--listen", "127.0.0.1:0", "--cpus", str(len(self.procs) % 2)]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, *sys.path]))
+        with open(self.work / f"{name}.log", "ab") as log:
+            self.procs[name] = subprocess.Popen([sys.executable, "-m", "sparkcep", kind, *args], env=env,
+                                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        return name
+
+    # --- what runs where ---------------------------------------------------------------------
+    def primary(self) -> dict | None:
+        return self.registry.get(tree.ENGINE)
+
+    def host(self, name: str | None) -> dict | None:
+        return self.registry.get(tree.host(name)) if name else None
+
+    def standby(self) -> dict | None:
+        return self.host((self.registry.get(tree.DATAPATH) or {}).get("standby"))
+
+    def leader(self) -> str | None:
+        return self.registry.leader(tree.LEASE)
+
+    def members(self) -> list[str]:
+        return self.registry.children(tree.MEMBERS)
+
+    # --- faults ---------------------------------------------------------------------------------
+    def fault(self, kind: str, pick=None) -> str:
+        """Inject one fault of ``kind`` (:data:`FAULTS`); what it hit. ``pick(names)`` chooses a worker."""
+        if kind in ("primary", "standby"):
+            doc = self.primary() if kind == "primary" else self.standby()
+            assert doc, f"no {kind} engine host to kill"
+            os.kill(doc["pid"], signal.SIGKILL)
+            return f"{kind} {doc['name']} (pid {doc['pid']})"
+        if kind == "leader":
+            name = self.leader()
+            self.procs[name].kill()
+            self.procs[name].wait(10)
+            self.add("orchestrator")
+            return f"leader {name}"
+        if kind == "worker":
+            live = [n for n in self.members() if n in self.procs and self.procs[n].poll() is None]
+            name = (pick or min)(live)
+            self.procs[name].kill()
+            self.procs[name].wait(10)
+            self.add("worker")
+            return f"worker {name}"
+        if kind == "pause":
+            os.kill(self.zk_server.process.pid, signal.SIGSTOP)
+            time.sleep(self.pause_s)
+            os.kill(self.zk_server.process.pid, signal.SIGCONT)
+            return f"ZooKeeper paused {self.pause_s:.0f} s"
+        if kind == "restart":
+            port = self.zk_server.port
+            self.zk_server.stop()
+            self.zk_server = ZooKeeperServer(port=port)
+            self.zk_server.start(timeout=60)
+            return "ZooKeeper restarted empty"
+        raise ValueError(f"unknown fault {kind!r}; faults: {FAULTS}")
+
+    # --- the end ---------------------------------------------------------------------------------
+    def stop(self, timeout: float = 30.0) -> dict:
+        """SIGTERM every process (orchestrators first: the last one stops the engine hosts), wait; what is
+        left: ``processes`` (command lines naming this cluster) and ``shm`` (entries of its processes)."""
+        pids = {p.pid for p in self.procs.values()} | self._engine_host_pids()
+        for name, p in sorted(self.procs.items(), key=lambda kv: not kv[0].startswith("o")):
+            if p.poll() is None:
+                p.terminate()
+        deadline = time.monotonic() + timeout
+        for p in self.procs.values():
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        while self._left() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = {"processes": self._left(), "shm": [e for e in os.listdir("/dev/shm")
+                                                   if any(f"-{pid}-" in e for pid in pids)]}
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.kill()
+        self.registry.close()
+        self.zk_server.stop()
+        return left
+
+    def _engine_host_pids(self) -> set[int]:
+        return {int(line.split()[0]) for line in self._ps() if "engine-host" in line}
+
+    def _left(self) -> list[str]:
+        return [line for line in self._ps()]
+
+    def _ps(self) -> list[str]:
+        out = subprocess.run(["ps", "-eo", "pid,stat,args"], capture_output=True, text=True).stdout.splitlines()
+        return [line.strip() for line in out if self.zk in line and " Z" not in line.split(None, 2)[1:2][0:1]]
+
+
+def run_id() -> str:
+    return uuid.uuid4().hex[:8]
