@@ -17,6 +17,8 @@ COMMANDS = {
     "zookeeper": ("sparkcep.control.zookeeper", "run a development ZooKeeper server on loopback for the registry"),
     "orchestrator": ("sparkcep.control.orchestrator", "run an orchestrator of a cluster (state in ZooKeeper)"),
     "deploy": ("sparkcep.control.deploy", "deploy a query (a Python file defining `query`) on a cluster"),
+    "rescale": ("sparkcep.control.reconfigure", "run an operator of a query on a cluster on N instances, live"),
+    "migrate": ("sparkcep.control.reconfigure", "move bins of an operator of a query deployed on a cluster, live"),
     "metrics": ("sparkcep.control.metrics_cli", "print a running engine's metrics in Prometheus text, or serve them"),
     "token": ("sparkcep.control.token", "write a new cluster token to a file (mode 0600)"),
     "engine-host": ("sparkcep.control.host", "serve a cluster's engine (started by the leading orchestrator)"),

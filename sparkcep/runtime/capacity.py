@@ -101,7 +101,8 @@ def ring_bytes_of(value, machine: Machine | None = None) -> int:
     if n & (n - 1):
         raise EngineError(f"ring_bytes must be a power of two, got {n}", "BAD_RING_BYTES")
     machine = machine or Machine.now()
-    _fits("two rings", 2 * (n + HEADER_BYTES), SHM, machine.shm_free, f"ring_bytes={n:,}", "choose a smaller ring_bytes")
+    _fits("two rings", 2 * (n + HEADER_BYTES), SHM, machine.shm_free, f"ring_bytes={n:,}",
+          "choose a smaller ring_bytes")
     return n
 
 
