@@ -71,7 +71,11 @@ def test_the_readme_cluster_walkthrough_runs_as_written(tmp_path):
             p.send_signal(signal.SIGTERM)
             p.wait(30)
     assert "deployed clicks" in outputs["sparkcep deploy"] and "instance manager w" in outputs["sparkcep deploy"]
-    assert "clicks sum to 100,000" in outputs[f"python3 {ROOT}/examples/cluster_feed.py"]
+    feed = outputs[f"python3 {ROOT}/examples/cluster_feed.py"]  # its second run, after the rescale
+    closed = re.search(r"(\d+) windows closed during this run: per window and IP, clicks and bytes equal what "
+                       r"this run sent", feed)
+    assert closed and int(closed[1]) >= 1, feed
+    assert "to 3 instances" in outputs["sparkcep rescale"], outputs["sparkcep rescale"]
     text = outputs["sparkcep status"]
     assert "LEADER" in text and re.search(r"w1 .* clicks\.SQ1", text) and re.search(r"w2 .* clicks\.SQ1", text), text
     assert re.search(r'sparkcep_query_rows_in_total\{query="clicks"\} 100000', outputs["curl -s"]), outputs["curl -s"]

@@ -1,0 +1,94 @@
+"""The command line on a cluster, as the README's walkthrough uses it: ``sparkcep deploy`` of
+``examples/cluster_query.py``, ``examples/cluster_feed.py`` run twice (it never ends the stream, so it
+can run again; each run checks the windows that closed per IP), ``sparkcep rescale`` and ``sparkcep
+migrate`` between the runs (their reports printed, the bins where they were asked to be), and their
+refusals (``sparkcep <command>: message [CODE]``, exit 1, nothing changed)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+from api_harness import ENV, ROOT
+
+
+def feed(cluster) -> str:
+    """Run examples/cluster_feed.py: it exits 0 once the windows that closed while it ran equal what it sent,
+    per window and IP."""
+    run = subprocess.run([sys.executable, str(ROOT / "examples" / "cluster_feed.py"), "--zk", f"zk://{cluster.zk}",
+                          "--token-file", cluster.token_file, "--sends", "25", "--rows", "500"], env=ENV,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    closed = re.search(r"(\d+) windows closed during this run: per window and IP, clicks and bytes equal what this "
+                       r"run sent \(([\d,]+) rows\)", run.stdout)
+    assert closed and int(closed[1]) >= 1, run.stdout
+    return run.stdout
+
+
+def report(stdout: str) -> dict:
+    return dict(re.findall(r"^\s+(\w+): (.+)$", stdout, re.M))
+
+
+def test_rescale_and_migrate_from_the_command_line_between_two_runs_of_the_feed(cluster):
+    zk = ["--zk", cluster.zk, "--token-file", cluster.token_file]
+    run = cluster.cli("deploy", *zk, "--parallelism", "2", str(ROOT / "examples" / "cluster_query.py"))
+    assert run.returncode == 0, run.stderr
+    try:
+        feed(cluster)
+        run = cluster.cli("rescale", *zk, "clicks", "per_ip", "3", "--batch", "8")
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.startswith("rescale: per_ip of clicks (clicks#") and "to 3 instances" in run.stdout
+        got = report(run.stdout)
+        assert got["kind"] == "rescale" and got["strategy"] == "batched" and int(got["bins"]) == 128 // 3
+        dep = cluster.engine.deployment("clicks")
+        assert dep.parallelism == {"SQ1": 3} and sorted(set(dep.bin_owners("per_ip"))) == [0, 1, 2]
+
+        run = cluster.cli("migrate", *zk, "clicks", "per_ip", "--bins", "0-9,20", "--to", "2", "--strategy",
+                      "all-at-once")
+        assert run.returncode == 0, run.stderr
+        owners = dep.bin_owners("per_ip")
+        assert [owners[b] for b in [*range(10), 20]] == [2] * 11
+        assert report(run.stdout)["strategy"] == "all-at-once"
+
+        moves = cluster.token_file + ".moves"
+        with open(moves, "w") as f:
+            f.write("# bin=instance\n0-3=0\n20=1  # back\n")
+        run = cluster.cli("migrate", *zk, "clicks", "per_ip", "--file", moves)
+        assert run.returncode == 0, run.stderr
+        owners = dep.bin_owners("per_ip")
+        assert [owners[b] for b in (0, 1, 2, 3, 20)] == [0, 0, 0, 0, 1] and int(report(run.stdout)["bins"]) == 5
+        feed(cluster)  # again: the stream never ended, the windows go on
+        assert [r["kind"] for r in dep.migrations()["finished"]] == ["rescale", "migrate", "migrate"]
+    finally:
+        cluster.engine.undeploy("clicks")
+
+
+def test_refusals_print_the_code_and_change_nothing(cluster):
+    zk = ["--zk", cluster.zk, "--token-file", cluster.token_file]
+    run = cluster.cli("deploy", *zk, "--parallelism", "2", str(ROOT / "examples" / "cluster_query.py"))
+    assert run.returncode == 0, run.stderr
+    try:
+        dep = cluster.engine.deployment("clicks")
+        owners = dep.bin_owners("per_ip")
+        for argv, code, says in [
+            (["rescale", "clicks", "per_ipp", "3"], "UNKNOWN_OPERATOR", "did you mean 'per_ip'"),
+            (["rescale", "clickz", "per_ip", "3"], "UNKNOWN_QUERY", "did you mean 'clicks'"),
+            (["rescale", "clicks", "per_ip", "2.5"], "BAD_INSTANCE", "N (instances) must be an integer"),
+            (["rescale", "clicks", "per_ip", "100000"], "TOO_MANY_INSTANCES", "exceed its 128 bins"),
+            (["rescale", "clicks", "per_ip", "3", "--strategy", "fluidd"], "BAD_STRATEGY", "fluid"),
+            (["migrate", "clicks", "per_ip", "--bins", "0-200", "--to", "1"], "BAD_BIN", "out of range"),
+            (["migrate", "clicks", "per_ip", "--bins", "0", "--to", "5"], "BAD_INSTANCE", "does not exist"),
+            (["migrate", "clicks", "per_ip", "--bins", "0-3", "--to", "1", "0"], "BAD_INSTANCE", "one per bin"),
+            (["migrate", "clicks", "per_ip", "--bins", "x", "--to", "1"], "BAD_BIN", "a bin must be an integer"),
+            (["migrate", "clicks", "per_ip"], "BAD_OPTION", "--bins ... --to ..."),
+            (["migrate", "clicks", "per_ip", "--file", "/nonexistent"], "BAD_OPTION", "cannot read"),
+        ]:
+            command, *rest = argv
+            run = cluster.cli(command, *zk, *rest)
+            assert run.returncode == 1 and run.stdout == "", (argv, run.stdout, run.stderr)
+            line = run.stderr.strip().splitlines()[-1]
+            assert line.startswith(f"sparkcep {command}: ") and line.endswith(f"[{code}]") and says in line, line
+        assert dep.bin_owners("per_ip") == owners and dep.migrations()["finished"] == []
+    finally:
+        cluster.engine.undeploy("clicks")
