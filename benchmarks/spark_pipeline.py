@@ -35,10 +35,14 @@ def main(argv=None) -> int:
     ap.add_argument("--files", type=int, default=10)
     ap.add_argument("--span", type=float, default=600.0, help="seconds of event time the events cover")
     ap.add_argument("--runs", type=int, default=3, help="measured runs of each path")
+    ap.add_argument("--warm-ups", type=int, default=2, help="untimed runs of each path first")
     ap.add_argument("--workers", type=int, default=0, help="instance managers of the engine (0: in-process)")
     a = ap.parse_args(argv)
 
     os.environ.setdefault("SPARKCEP_HOME", tempfile.mkdtemp(prefix="sparkcep-bench-"))
+    # Spark's Python workers must be this Python, the one with sparkcep and its data source `upmcep`:
+    # the `python3` on the PATH may be another (DATA_SOURCE_NOT_FOUND: upmcep)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from sparkcep.bench import pipeline
     from sparkcep.bench.spark import session
 
@@ -47,7 +51,7 @@ def main(argv=None) -> int:
     spark = session("sparkcep-pipeline")
     spark.sparkContext.setLogLevel("ERROR")
     print(f"{a.events:,} events over {a.span:.0f} s of event time in {a.files} Parquet files; "
-          f"local[2], engine workers={a.workers}; two untimed runs of each path first", flush=True)
+          f"local[2], engine workers={a.workers}; {a.warm_ups} untimed runs of each path first", flush=True)
 
     def show(k, run, complete):
         stages = "".join(f", {s} {v:.2f} s" for s, v in run.stages.items())
@@ -57,7 +61,7 @@ def main(argv=None) -> int:
               f"{run.totals.rows:,} windows  CPU s: {cpu}, total {sum(run.cpu.values()):.1f}{stages}{reader}"
               f"{'' if complete else '  INCOMPLETE'}", flush=True)
 
-    results = pipeline.compare(spark, data, work, a.runs, a.workers, show)
+    results = pipeline.compare(spark, data, work, a.runs, a.workers, show, a.warm_ups)
     spark.stop()
     if not all(c for rs in results.values() for _, c in rs):
         print("INCOMPLETE results: see the runs marked above")
