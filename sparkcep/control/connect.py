@@ -43,7 +43,7 @@ REQUEST_TIMEOUT_S = 120.0  # a deploy waits this long for an orchestrator to ans
 REGISTRY_TIMEOUT_S = 10.0  # to reach a cluster's registry to find its engine host
 RETRY_S = 30.0  # a call rides through a data path's failure this long before it raises
 POLL_S = 0.05
-RETRYABLE = ("NOT_PRIMARY", "NO_STANDBY", "FENCED")  # a data path that does not serve now: ask again
+RETRYABLE = ("NOT_PRIMARY", "NO_STANDBY", "FENCED", "REGISTRY_UNREACHABLE")  # the data path moves: ask again
 
 
 def engine_address(zk: str) -> str:

@@ -26,6 +26,7 @@ successor took a later era) stops too.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import os
 import signal
@@ -103,6 +104,8 @@ class EngineHost:
         self.adopt_members()
         replicas = [e["options"].get("replicas") or 1 for e in self.backup.entries if e["kind"] == "deploy"]
         self.engine._await_workers(max(replicas, default=1))
+        log.info("engine host %s: replaying %d entries on %d instance managers", self.name,
+                 len(self.backup.entries), len(self.adopted))
         replay(self.backup, self.engine)
         self.endpoint.staging = self.backup.staging
         self.endpoint.sent = self.backup.sent_ids()
@@ -169,6 +172,7 @@ def run(args) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 <pid>: where is it stuck?
     try:
         host = EngineHost(zk, auth.read(args.token_file), name, args.listen)
     except SparkcepError as e:

@@ -26,7 +26,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 from zk_harness import ROOT
@@ -85,16 +84,25 @@ class Cluster:
     def members(self) -> list[str]:
         return self.registry.children(tree.MEMBERS)
 
+    def settled(self) -> bool:
+        """Whether the cluster is whole again: a primary serving with a synced standby of its era, three
+        engine hosts, the workers it had."""
+        engine, datapath = self.primary(), self.registry.get(tree.DATAPATH) or {}
+        standby = self.host(datapath.get("standby"))
+        primary = self.host((engine or {}).get("name"))
+        return bool(engine and primary and standby and primary.get("role") == "primary"
+                    and standby.get("role") == "standby" and standby.get("era") == engine.get("era")
+                    and len(self.registry.children(tree.HOSTS)) >= 3 and len(self.members()) >= 3)
+
     # --- faults ---------------------------------------------------------------------------------
     def fault(self, kind: str, pick=None) -> str:
         """Inject one fault of ``kind`` (:data:`FAULTS`); what it hit. ``pick(names)`` chooses a worker."""
         if kind in ("primary", "standby"):
-            doc = self.primary() if kind == "primary" else self.standby()
-            assert doc, f"no {kind} engine host to kill"
+            doc = wait(self.primary if kind == "primary" else self.standby, f"a {kind} engine host")
             os.kill(doc["pid"], signal.SIGKILL)
             return f"{kind} {doc['name']} (pid {doc['pid']})"
         if kind == "leader":
-            name = self.leader()
+            name = wait(self.leader, "a leading orchestrator")
             self.procs[name].kill()
             self.procs[name].wait(10)
             self.add("orchestrator")
@@ -155,5 +163,10 @@ class Cluster:
         return [line.strip() for line in out if self.zk in line and " Z" not in line.split(None, 2)[1:2][0:1]]
 
 
-def run_id() -> str:
-    return uuid.uuid4().hex[:8]
+def wait(look, what: str, timeout: float = 30.0):
+    """``look()``'s first truthy value, asked every 50 ms for up to ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not (value := look()):
+        assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s"
+        time.sleep(0.05)
+    return value

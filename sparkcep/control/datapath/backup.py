@@ -141,6 +141,7 @@ def replay(backup: Backup, engine, progress=log.info) -> None:
             if kind == "deploy":
                 deps[e["deployment"]] = _redeploy(engine, backup, e, layouts.get(e["deployment"]))
                 numbers.append(int(e["deployment"].rpartition("#")[2]))
+                progress("replay: %s deployed again", e["deployment"])
             elif kind == "send":
                 fed = [deps[d] for d in e["epochs"] if d in deps]
                 for d in fed:
@@ -175,15 +176,15 @@ def _redeploy(engine, backup: Backup, e: dict, layout: dict | None):
         from sparkcep.query.planner import plan
         first = {sq.name: sq.operators[0].name for sq in plan(query).subqueries}
         parallelism = {first[sq]: n for sq, n in layout["parallelism"].items()}
-    handle = engine._deploy(e["deployment"], query, parallelism, options["bins"], options["retain"],
-                            options["balance"], options["replicas"])
+    engine._deploy(e["deployment"], query, parallelism, options["bins"], options["retain"], options["balance"],
+                   options["replicas"])
     dep = engine.deployments[query.name]
     for op, owners in (layout or {}).get("owners", {}).items():
         for member in getattr(dep, "members", [dep]):
             member.configure(op, owners)
     for out, copy in backup.logs[e["deployment"]].items():
         engine.outputs[out].adopt(copy)
-    return dep if handle is not None else None
+    return dep
 
 
 def _set_epoch(dep, epoch: int) -> None:
