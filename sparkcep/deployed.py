@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import abc
 
-from sparkcep.arguments import integer
+from sparkcep.arguments import checked, integer
+from sparkcep.errors import QueryError
 from sparkcep.migration.plan import assignment_of
 
 CALLS = ("migrate", "move", "rescale", "replicas", "bin_owners", "explain", "migrations", "instance_metrics",
@@ -36,6 +37,7 @@ class Deployed(abc.ABC):
     def name(self) -> str:
         return self.query.name
 
+    @checked(QueryError)
     def migrate(self, operator: str, assignment, strategy: str = "fluid", batch: int = 16,
                 gap_ms: float = 0.0) -> dict:
         """Move bins of route-key ``operator`` to other instances, live: ``assignment`` {bin: instance}.
@@ -51,12 +53,14 @@ class Deployed(abc.ABC):
         return self._call("migrate", operator=operator, assignment=assignment_of(assignment), strategy=strategy,
                           batch=integer(batch, "batch", minimum=1, code="BAD_OPTION"), gap_ms=gap_ms)
 
+    @checked(QueryError)
     def move(self, operator: str, instance: int, to: str) -> dict:
         """State Transfer: run instance ``instance`` of ``operator``'s sub-query on instance manager ``to``
         (a name from ``engine.instance_managers()``), live. Returns its report."""
         return self._call("move", operator=operator, instance=integer(instance, "instance", code="BAD_INSTANCE"),
                           to=to)
 
+    @checked(QueryError)
     def rescale(self, operator: str, instances: int, strategy: str = "batched", batch: int = 16,
                 gap_ms: float = 0.0) -> dict:
         """Run ``operator``'s sub-query on ``instances`` instances, live: new instances join (or surplus
@@ -67,23 +71,28 @@ class Deployed(abc.ABC):
                           strategy=strategy, batch=integer(batch, "batch", minimum=1, code="BAD_OPTION"),
                           gap_ms=gap_ms)
 
+    @checked(QueryError)
     def replicas(self) -> list[dict]:
         """Each replica: ``replica`` (its number), ``state`` (``"running"``, ``"failed"`` or
         ``"catching-up"``) and the ``instance_managers`` it runs on."""
         return self._call("replicas")
 
+    @checked(QueryError)
     def bin_owners(self, operator: str) -> list[int]:
         """For each bin of route-key ``operator``, the instance that owns it."""
         return self._call("bin_owners", operator=operator)
 
+    @checked(QueryError)
     def explain(self) -> str:
         """The plan, with each replica's instances and where each runs."""
         return self._call("explain")
 
+    @checked(QueryError)
     def migrations(self) -> dict:
         """The migrations under way (``running``) and the last ones finished (``finished``: their reports)."""
         return self._call("migrations")
 
+    @checked(QueryError)
     def instance_metrics(self) -> dict[tuple[str, int], dict]:
         """Per instance ``(sub-query, index)``: rows, batches, busy time, epoch, queues, late tuples."""
         return self._call("instance_metrics")

@@ -249,8 +249,16 @@ class EngineClient:
                      positions={str(p): int(v) for p, v in positions.items()}, **_drop_none(identity))
 
     def metrics(self) -> dict:
-        """The engine's metrics plus the endpoint's counters and instance managers."""
-        return self.request("metrics")[0]["metrics"]
+        """The engine's metrics plus the endpoint's counters, numbered as the engine numbers them (JSON
+        keys are strings: instance managers and replicas are numbers again)."""
+        m = self.request("metrics")[0]["metrics"]
+        m["instance_managers"] = {int(k): v for k, v in m.get("instance_managers", {}).items()}
+        for q in m.get("queries", {}).values():
+            dedup = (q.get("replication") or {}).get("dedup") or {}
+            for key in ("first_copies", "lag_epochs"):
+                if key in dedup:
+                    dedup[key] = {int(r): v for r, v in dedup[key].items()}
+        return m
 
     def register_im(self, address: str) -> dict:
         """Have the engine use the instance manager serving at ``address`` (it must hold the engine's token)."""

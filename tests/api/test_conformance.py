@@ -226,10 +226,7 @@ def test_metrics_count_what_was_sent_and_migrated(api):
         assert sum(v["rows_in"] for (sq, _), v in inst.items() if sq == "SQ1") == 3 * SEND_ROWS
 
 
-def test_metrics_number_the_instance_managers_alike(api, request):
-    if api.kind == "cluster":
-        request.applymarker(pytest.mark.xfail(strict=True, reason="ConnectedEngine.metrics() returns the endpoint's "
-                                              "JSON: instance_managers keyed by '0', '1', not 0, 1"))
+def test_metrics_number_the_instance_managers_alike(api):
     numbers = list(api.engine.metrics()["instance_managers"])
     assert numbers == ([] if api.kind == "workers0" else [0, 1])
 
@@ -288,8 +285,6 @@ def test_absurd_counts_are_refused_at_once_and_the_engine_goes_on(api):
         d.end_and_check()
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError, reason="sparkcep/deployed.py: Deployed's methods are not "
-                   "@checked, so a misspelled keyword escapes as Python's TypeError on every engine")
 def test_a_misspelled_keyword_of_a_deployed_query_is_named_with_the_closest_one(api):
     with Deployment(api, "kw", parallelism=2, bins=BINS) as d:
         cls, code, message = code_of(lambda: d.dep.rescale("agg", instancs=3))
