@@ -21,6 +21,7 @@ been (``SEND_UNCONFIRMED``: send the same data again with the same
 from __future__ import annotations
 
 import base64
+import logging
 import threading
 import time
 import uuid
@@ -43,6 +44,8 @@ REQUEST_TIMEOUT_S = 120.0  # a deploy waits this long for an orchestrator to ans
 REGISTRY_TIMEOUT_S = 10.0  # to reach a cluster's registry to find its engine host
 RETRY_S = 30.0  # a call rides through a data path's failure this long before it raises
 POLL_S = 0.05
+MEMBERS_WAIT_S = 60.0  # a deploy waits this long for the instance managers it needs to join
+log = logging.getLogger("sparkcep")
 RETRYABLE = ("NOT_PRIMARY", "NO_STANDBY", "FENCED", "REGISTRY_UNREACHABLE")  # the data path moves: ask again
 
 
@@ -167,9 +170,21 @@ class ConnectedEngine:
             raise QueryError(f"deploy() takes a Query, got {type(query).__name__}")
         options = options_to_wire({"parallelism": parallelism, "bins": bins, "retain": retain, "balance": balance,
                                    "replicas": replicas})
+        self._await_members(options["replicas"] if isinstance(options["replicas"], int) else 1)
         doc = {"kind": "deploy", "query": base64.b64encode(cloudpickle.dumps(query)).decode(), "options": options}
         result = self._request(doc, f"deploy of {query.name!r}")
         return ClientDeployed(result["deployment"], query, self.path.client)
+
+    def _await_members(self, n: int, timeout: float = MEMBERS_WAIT_S) -> None:
+        """Wait until ``n`` instance managers are members, saying what it waits for (the data path waits
+        too, and fails with NOT_ENOUGH_WORKERS naming how many joined)."""
+        deadline, told = time.monotonic() + timeout, 0.0
+        while (joined := len(self.registry.children(tree.MEMBERS))) < n and time.monotonic() < deadline:
+            if time.monotonic() - told > 5:
+                told = time.monotonic()
+                log.warning("waiting for instance managers to join the cluster: %d of %d (up to %.0f s more)",
+                            joined, n, deadline - told)
+            time.sleep(POLL_S)
 
     def deployment(self, name: str) -> ClientDeployed:
         """The deployed query ``name``, as :meth:`deploy` returned it."""

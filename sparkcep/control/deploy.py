@@ -38,6 +38,8 @@ def load_query(path: str):
 
 
 def run(args) -> int:
+    import logging
+    logging.basicConfig(level=logging.WARNING, format="sparkcep deploy: %(message)s")
     from sparkcep.control.connect import ConnectedEngine
     from sparkcep.control.orchestrator import zk_address
     query = load_query(args.file)

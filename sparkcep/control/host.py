@@ -18,9 +18,9 @@ serves an endpoint; their roles (:mod:`sparkcep.control.datapath.roles`):
   holding every row the primary published;
 * a **spare** waits to be made a standby.
 
-A host whose cluster is gone — no registry session and no orchestrator for
-:data:`ORPHAN_S` — stops, freeing its shared memory; a deposed primary (a
-successor took a later era) stops too.
+A host whose cluster is gone (:meth:`~sparkcep.control.datapath.roles.Roles.orphaned`:
+no orchestrator for a minute, no registry for ten) stops, freeing its
+shared memory; a deposed primary (a successor took a later era) stops too.
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ from sparkcep.errors import EngineError, SparkcepError
 
 log = logging.getLogger("sparkcep")
 SESSION_S = 2.0  # the registry session timeout of an engine host
-ORPHAN_S = 60.0  # a host without registry or orchestrator this long stops
 WAIT_WORKERS_S = 60.0  # a deployment waits this long for enough instance managers to join
 SERVES_ALWAYS = frozenset({"hello", "metrics", "instance_managers", "shutdown", "journal"})
 READS = frozenset({"streams", "schema", "offsets", "read", "deployed"})
@@ -180,9 +179,8 @@ def run(args) -> int:
         return 1
     log.info("engine host %s (pid %d) serves at %s for %s", name, os.getpid(), host.endpoint.address, zk)
     while not (stop.wait(0.2) or host.stopped.is_set() or host.roles.deposed.is_set()):
-        if host.roles.orphaned_for() > ORPHAN_S:
-            log.warning("engine host %s: no registry and no orchestrator for %.0f s: the cluster is gone; stopping",
-                        name, ORPHAN_S)
+        if why := host.roles.orphaned():
+            log.warning("engine host %s: %s: its cluster is gone; stopping", name, why)
             break
     host.close()
     log.info("engine host %s stopped", name)

@@ -39,6 +39,8 @@ from sparkcep.control.registry import RegistryError, State
 log = logging.getLogger("sparkcep")
 STEP_S = 0.25
 GRACE_S = 4.0  # after its own session was cut, a standby waits this long for the primary to come back
+ORPHAN_S = 60.0  # a host that sees no orchestrator in the registry this long stops: its cluster is gone
+NO_REGISTRY_S = 600.0  # and one that reaches no registry this long
 FOUND_GRACE_S = 5.0  # a spare founds a new data path only after the registry showed none for this long
 
 
@@ -71,9 +73,14 @@ class Roles:
         """The primary of ``era`` finished syncing this host: it is that era's standby."""
         self._become("standby", era, run)
 
-    def orphaned_for(self) -> float:
-        """Seconds this host has had no registry session or no orchestrator."""
-        return 0.0 if self._orphan_since is None else time.monotonic() - self._orphan_since
+    def orphaned(self) -> str | None:
+        """Why this host's cluster is gone, if it is: no orchestrator in the registry for :data:`ORPHAN_S`,
+        or no registry for :data:`NO_REGISTRY_S` (longer: a ZooKeeper outage must not end the data path)."""
+        if self._orphan_since is None:
+            return None
+        alone, since = self._orphan_since
+        bound = NO_REGISTRY_S if alone == "registry" else ORPHAN_S
+        return f"no {alone} for {bound:.0f} s" if time.monotonic() - since > bound else None
 
     def _become(self, role: str, era: int, run: str | None) -> None:
         self.role, self.era, self.run = role, era, run
@@ -111,13 +118,14 @@ class Roles:
 
     def _watch_orphan(self) -> None:
         try:
-            alone = self.registry.state is not State.CONNECTED or not self.registry.children(tree.ORCHESTRATORS)
+            alone = ("registry" if self.registry.state is not State.CONNECTED else
+                     None if self.registry.children(tree.ORCHESTRATORS) else "orchestrator")
         except RegistryError:
-            alone = True
-        if not alone:
+            alone = "registry"
+        if alone is None:
             self._orphan_since = None
-        elif self._orphan_since is None:
-            self._orphan_since = time.monotonic()
+        elif self._orphan_since is None or self._orphan_since[0] != alone:
+            self._orphan_since = (alone, time.monotonic())
 
     def _step(self) -> None:
         engine = self.registry.get(tree.ENGINE)
