@@ -12,10 +12,11 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import sparkcep as cep
@@ -26,35 +27,65 @@ from sparkcep.runtime.cluster import Starting, wait_ready
 BINS = 8
 
 
-def migrations(draw, ims: list[str]):
-    """``between(dep)``: after each send, now and then a random migration of ``dep``; returns it and the
-    list of what it did."""
-    done = []
+def migrations(draw, ims: list[str], at: set[int]):
+    """``between(dep)``: after the sends numbered ``at``, a random migration of ``dep`` that changes
+    something, checked against what was asked; returns it and the list of what it did."""
+    done, sends = [], []
 
     def between(dep):
-        if draw(st.integers(0, 2)):
+        sends.append(1)
+        if len(sends) - 1 not in at:
             return
         keyed = sorted(dep.tables)
         stateful = [sq.head.name for sq in dep.plan.subqueries if sq.head.stateful]
-        kinds = (["migrate", "rescale"] if keyed else []) + (["move"] if stateful and ims else [])
-        if not kinds:
-            return
-        kind = draw(st.sampled_from(kinds))
+        kind = draw(st.sampled_from((["migrate", "rescale"] if keyed else []) + (["move"] if stateful else [])))
         if kind == "move":
-            op = draw(st.sampled_from(stateful))
-            n = dep.parallelism[dep.plan.sq_of[op].name]
-            report = dep.move(op, draw(st.integers(0, n - 1)), draw(st.sampled_from(ims)))
-        elif kind == "rescale":
-            op = draw(st.sampled_from(keyed))
-            report = dep.rescale(op, draw(st.integers(1, 3)), strategy=draw(st.sampled_from(STRATEGIES)))
+            done.append(move(dep, draw, draw(st.sampled_from(stateful)), ims))
         else:
             op = draw(st.sampled_from(keyed))
             n = dep.parallelism[dep.plan.sq_of[op].name]
-            moved = draw(st.dictionaries(st.integers(0, BINS - 1), st.integers(0, n - 1), max_size=BINS))
-            report = dep.migrate(op, moved, strategy=draw(st.sampled_from(STRATEGIES)), batch=draw(st.integers(1, 3)))
-        assert report["duration_s"] >= 0 and report["steps"] >= 0
-        done.append((kind, op, report["bins"], report["strategy"]))
+            done.append(rescale(dep, draw, op, n) if kind == "rescale" or n == 1 else migrate(dep, draw, op, n))
     return between, done
+
+
+def migrate(dep, draw, op: str, n: int) -> tuple:
+    """Bins of ``op`` to other instances than their owners': afterwards each is where it was asked to be."""
+    before = dep.bin_owners(op)
+    bins = draw(st.lists(st.integers(0, BINS - 1), min_size=1, max_size=BINS, unique=True))
+    moved = {b: (before[b] + draw(st.integers(1, n - 1))) % n for b in bins}
+    report = dep.migrate(op, moved, strategy=draw(st.sampled_from(STRATEGIES)), batch=draw(st.integers(1, 3)))
+    assert dep.bin_owners(op) == [moved.get(b, o) for b, o in enumerate(before)]
+    assert report["bins"] == len(moved) and report["steps"] >= 1, report
+    return "migrate", op, report["bins"], report["strategy"]
+
+
+def rescale(dep, draw, op: str, n: int) -> tuple:
+    """``op`` onto another number of instances: afterwards each holds as many bins as another, give or take
+    one, and the report counts the bins whose owner changed."""
+    before = dep.bin_owners(op)
+    m = draw(st.sampled_from([k for k in (1, 2, 3) if k != n]))
+    report = dep.rescale(op, m, strategy=draw(st.sampled_from(STRATEGIES)))
+    after = dep.bin_owners(op)
+    held = Counter(after)
+    assert sorted(held) == list(range(m)) and max(held.values()) - min(held.values()) <= 1, held
+    assert dep.parallelism[dep.plan.sq_of[op].name] == m
+    assert report["bins"] == sum(a != b for a, b in zip(before, after)) > 0, (before, after, report)
+    return "rescale", op, report["bins"], report["strategy"]
+
+
+def move(dep, draw, op: str, ims: list[str]) -> tuple:
+    """An instance of ``op`` onto an instance manager (another one where there are several): afterwards it
+    runs there, owning the bins it owned."""
+    sq = dep.plan.sq_of[op].name
+    i = draw(st.integers(0, dep.parallelism[sq] - 1))
+    here = dep.gen.host_of((sq, i))
+    to = draw(st.sampled_from([im for im in ims if im != here] or ims))
+    before = dep.bin_owners(op) if op in dep.tables else None
+    report = dep.move(op, i, to)
+    assert dep.gen.host_of((sq, i)) == to and report["kind"] == "move", (here, to, report)
+    assert before is None or dep.bin_owners(op) == before
+    assert report["bins"] == (before.count(i) if before is not None else BINS), report
+    return "move", op, report["bins"], to
 
 
 STRATEGIES = ["fluid", "batched", "all-at-once"]
@@ -62,11 +93,14 @@ STRATEGIES = ["fluid", "batched", "all-at-once"]
 
 def check(engine, p, data, ims):
     q = build(p)
+    assume(any(sq.head.stateful for sq in q_plan(q).subqueries))  # something to migrate
     sent = data.draw(sends(list(q.sources)))
     par = {sq.head.name: data.draw(st.integers(1, 3)) if sq.parallelizable else 1 for sq in q_plan(q).subqueries}
     start = engine.metrics()["sequence"]
-    between, done = migrations(data.draw, ims)
+    at = data.draw(st.sets(st.integers(0, len(sent) - 1), min_size=1, max_size=3))
+    between, done = migrations(data.draw, ims, at)
     got = id_rows(engine, q, sent, parallelism=par, bins=BINS, between=between)
+    assert len(done) == len(at), done  # every migration drawn ran
     with cep.Engine.local() as e:
         start_at(e, start)
         want = id_rows(e, build(p), sent)
