@@ -2,25 +2,30 @@
 input, then, once that replica caught up, one of the other replica, and so on, alternating; the output
 equals the run without failure exactly, output ids included, and both replicas run again at the end.
 
-Two queries (HiBench fixwindow, a windowed equi-join), five runs, four kills per run: 20 kills.
+The input keeps flowing through the kills: each kill lands while a send is under way, and sends are taken
+while the lost replica is rebuilt. Two queries (HiBench fixwindow, a windowed equi-join), five runs, four
+kills per run: 20 kills.
 """
 
+import itertools
 import os
 import random
 import signal
-import threading
 import time
 
 import numpy as np
 import pyarrow as pa
 import pytest
+from sender import Sender
 
 import sparkcep as cep
 from sparkcep.bench import workloads
 from sparkcep.bench.generator import UserVisits
 
 T0 = 1_704_067_200_000_000
-SENDS, ROWS = 80, 2_000
+ROWS = 1_000  # per send
+PACE_S = 0.02  # between sends
+TAIL = 10  # sends before the first kill, and after the last catch-up
 KILLS = 4  # per run, alternating between the replicas
 RUN_LIMIT_S = 120
 
@@ -38,21 +43,19 @@ def join():
 
 
 def sends(query_name: str, seed: int):
-    """The input: (stream, Arrow table) pairs, event time advancing 20 ms per send."""
-    rng = np.random.default_rng(seed)
-    out = []
-    if query_name == "fw":
-        gen = UserVisits(seed=seed, distinct_ips=3_000)
-        for i in range(SENDS):
+    """The input, endless: (stream, Arrow table) pairs, event time advancing 20 ms per send (per pair of
+    sends for the join); send ``i`` is the same in every run of a seed."""
+    gen = UserVisits(seed=seed, distinct_ips=3_000)
+    for i in itertools.count():
+        rng = np.random.default_rng([seed, i])
+        if query_name == "fw":
             keys = pa.array(T0 + i * 20_000 + np.sort(rng.integers(0, 20_000, ROWS)), pa.timestamp("us"))
-            out.append((workloads.STREAM, pa.table({"key": keys, "value": gen.values(i * ROWS, ROWS)})))
-        return out
-    for i in range(SENDS):
+            yield workloads.STREAM, pa.table({"key": keys, "value": gen.values(i * ROWS, ROWS)})
+            continue
         for stream, field in (("l", "a"), ("r", "b")):
-            ts = pa.array(T0 + i * 20_000 + np.sort(rng.integers(0, 20_000, ROWS // 4)), pa.timestamp("us"))
-            out.append((stream, pa.table({"k": rng.integers(0, 5_000, ROWS // 4), "ts": ts,
-                                          field: rng.integers(0, 100, ROWS // 4)})))
-    return out
+            ts = pa.array(T0 + i * 20_000 + np.sort(rng.integers(0, 20_000, ROWS // 2)), pa.timestamp("us"))
+            yield stream, pa.table({"k": rng.integers(0, 5_000, ROWS // 2), "ts": ts,
+                                    field: rng.integers(0, 100, ROWS // 2)})
 
 
 def rows_with_ids(engine, output):
@@ -81,54 +84,44 @@ def wait_running(dep, deadline):
         time.sleep(0.02)
 
 
-@pytest.fixture(scope="module")
-def references():
-    return {}
-
-
 @pytest.mark.parametrize("make, seed", [(fixwindow, 0), (fixwindow, 1), (fixwindow, 2), (join, 0), (join, 1)],
                          ids=["fixwindow-0", "fixwindow-1", "fixwindow-2", "join-0", "join-1"])
-def test_kills_at_random_moments_leave_the_output_as_without_failure(make, seed, references):
-    data = sends(make().name, seed)
-    key = (make.__name__, seed)
-    if key not in references:
-        references[key] = reference(make, data)
+def test_kills_at_random_moments_leave_the_output_as_without_failure(make, seed):
     rng = random.Random(seed)
     deadline = time.monotonic() + RUN_LIMIT_S
+    sent = []  # what the engine took, in order: the reference's input
     with cep.Engine.local(workers=2, standby=KILLS) as engine:
         q = make()
         dep = engine.deploy(q, parallelism=2, bins=16, replicas=2)
-        killed, errors = [], []
 
-        def killer():
-            try:
-                first = rng.randrange(2)
-                for k in range(KILLS):
-                    time.sleep(rng.uniform(0.05, 0.4))
-                    replica = (first + k) % 2
-                    victim = next(im for im in engine.instance_managers()
-                                  if im["replica"] == replica and im["alive"] and im["instances"])
-                    os.kill(victim["pid"], signal.SIGKILL)
-                    killed.append((replica, victim["name"]))
-                    time.sleep(0.3)
-                    wait_running(dep, deadline)
-            except BaseException as e:  # noqa: BLE001 - reported by the test thread
-                errors.append(e)
-
-        t = threading.Thread(target=killer)
-        t.start()
-        for i, (stream, table) in enumerate(data):
-            engine.send(stream, table)
-            time.sleep(0.01)
-            if i == len(data) * 3 // 4:  # the last quarter of the input comes after every kill
-                t.join(RUN_LIMIT_S)
-        assert not errors, errors
-        assert len(killed) == KILLS and {r for r, _ in killed} == {0, 1}, killed
+        def send(item):
+            engine.send(*item)
+            sent.append(item)
+        sender = Sender(send, sends(q.name, seed), PACE_S).start()
+        sender.wait_done(TAIL, RUN_LIMIT_S)  # state to copy before the first kill
+        kills = []  # (replica, victim, a send under way, sends done at the kill, sends done once rebuilt)
+        first = rng.randrange(2)
+        for k in range(KILLS):
+            time.sleep(rng.uniform(0.05, 0.4))
+            replica = (first + k) % 2
+            victim = next(im for im in engine.instance_managers()
+                          if im["replica"] == replica and im["alive"] and im["instances"])
+            under_way = sender.during_send(lambda: os.kill(victim["pid"], signal.SIGKILL))
+            at_kill = sender.done
+            time.sleep(0.3)
+            wait_running(dep, deadline)
+            kills.append((replica, victim["name"], under_way, at_kill, sender.done))
+        sender.wait_done(sender.done + TAIL, deadline - time.monotonic())
+        sender.stop()
+        assert not sender.errors, sender.errors
         for stream in q.sources:
             engine.end(stream)
         got = {o: rows_with_ids(engine, o) for o in q.outputs}
         wait_running(dep, deadline)
         rep = engine.metrics()["queries"][q.name]["replication"]
-    assert got == references[key], f"kills {killed}: {len(got[next(iter(got))])} rows"
+    assert all(under_way for _, _, under_way, _, _ in kills), f"a kill came while no send was under way: {kills}"
+    assert all(rebuilt > at_kill for *_, at_kill, rebuilt in kills), f"no send was taken during a catch-up: {kills}"
+    assert {r for r, *_ in kills} == {0, 1}, kills
+    assert got == reference(make, sent), f"kills {kills}: {len(got[next(iter(got))])} rows"
     assert len(rep["failovers"]) == KILLS and len(rep["catchups"]) == KILLS
     assert all("duration_s" in c for c in rep["catchups"]), rep["catchups"]
