@@ -36,6 +36,7 @@ import difflib
 import json
 from dataclasses import dataclass
 
+from sparkcep.arguments import integer
 from sparkcep.errors import SparkcepError
 
 COMMON = ("stream", "engine", "tokenFile")
@@ -134,7 +135,9 @@ def _starting(value: str):
         return v.lower()
     try:
         parsed = json.loads(v)
-        return {int(p): int(pos) for p, pos in parsed.items()}
+        return {_integer(p, f"option startingOffsets={value!r}: partition {p!r}", 0):
+                _integer(pos, f"option startingOffsets={value!r}: the position of partition {p}", 0)
+                for p, pos in parsed.items()}
     except (ValueError, AttributeError, TypeError):
         raise SparkSourceError(f"option startingOffsets={value!r}: expected 'earliest', 'latest' or JSON "
                                '{"partition": position, ...}', "OPTION") from None
@@ -142,15 +145,16 @@ def _starting(value: str):
 
 def _positive(opts: dict, name: str, default):
     key = name.lower()
-    if key not in opts:
-        return default
-    try:
-        n = int(opts[key])
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise SparkSourceError(f"option {name}={opts[key]!r}: expected a positive integer", "OPTION")
-    return n
+    return _integer(opts[key], f"option {name}={opts[key]!r}", 1) if key in opts else default
+
+
+def _integer(value, name: str, minimum: int) -> int:
+    """``value`` as an int: a string of digits (Spark hands options over as strings), or what
+    :func:`operator.index` takes; a bool, a float or a number below ``minimum`` raises ``OPTION``."""
+    if isinstance(value, str):
+        text = value.strip()
+        value = int(text) if text.lstrip("-").isdigit() else text
+    return integer(value, name, minimum=minimum, error=SparkSourceError, code="OPTION")
 
 
 def _float(opts: dict, name: str, default: float) -> float:
