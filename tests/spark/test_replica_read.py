@@ -4,9 +4,10 @@ sees no gap and no duplicate.
 ``Engine.local(workers=2, standby=1)``, the demo query deployed with ``replicas=2`` (one instance manager
 per replica). Two Spark streaming queries read its outputs ``all`` (every input row) and ``per_ip`` (10 s
 windows per IP) into memory sinks while a thread sends chunks at a steady pace; once Spark has read rows
-of both, the instance manager of the replica that delivered the most epochs first is SIGKILLed, sends go
-on, the replica is rebuilt on the standby. After ``engine.end``, the rows each Spark query saw equal, as
-exact multisets, those of the same sends through a parallelism-1 engine in this process.
+of both, the instance manager of the replica that delivered the most epochs first is SIGKILLed while a
+send is under way, with sends left to make; sends go on, the replica is rebuilt on the standby. After
+``engine.end``, the rows each Spark query saw equal, as exact multisets, those of the same sends through a
+parallelism-1 engine in this process.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections import Counter
 
 import pyarrow as pa
 from pyspark.sql import functions as F
+from sender import Sender
 from spark_harness import connections, demo_query, reference, wait_for
 
 import sparkcep as cep
@@ -57,32 +59,30 @@ def test_a_replica_killed_while_spark_reads_leaves_no_gap_and_no_duplicate(spark
                             .option("checkpointLocation", str(tmp_path / f"ck-{out}"))
                             .trigger(processingTime="0.2 seconds").start())
         try:
-            sent, go_on, errors = [0], threading.Event(), []
+            go_on = threading.Event()
 
-            def send():
-                try:
-                    for k, chunk in enumerate(chunks):
-                        if k == CHUNKS // 3:  # hold on until Spark has read rows of both outputs
-                            assert go_on.wait(deadline - time.monotonic()), "Spark read nothing"
-                        engine.send("connections", chunk)
-                        sent[0] += 1
-                        time.sleep(PACE_S)
-                except BaseException as e:  # noqa: BLE001 - reported by the test thread
-                    errors.append(e)
+            def chunks_to_send():
+                for k, chunk in enumerate(chunks):
+                    if k == CHUNKS // 3:  # hold on until Spark has read rows of both outputs
+                        go_on.wait(deadline - time.monotonic())
+                    yield chunk
 
-            sender = threading.Thread(target=send, name="sender")
-            sender.start()
-            wait_for(lambda: all(_seen(q) for q in queries.values()) or errors, 120, "Spark to read both outputs")
+            sender = Sender(lambda chunk: engine.send("connections", chunk), chunks_to_send(), PACE_S).start()
+            wait_for(lambda: all(_seen(q) for q in queries.values()) or sender.errors, 120,
+                     "Spark to read both outputs")
             go_on.set()
-            wait_for(lambda: sent[0] >= CHUNKS // 2 or errors, 60, "half of the sends")
+            wait_for(lambda: sender.done >= CHUNKS // 2 or sender.errors, 60, "half of the sends")
             firsts = engine.metrics()["queries"]["demo"]["replication"]["dedup"]["first_copies"]
             leader = max((0, 1), key=lambda r: firsts.get(r, 0))  # the replica whose epochs Spark was reading
             victim = next(im for im in engine.instance_managers() if im["replica"] == leader and im["instances"])
-            os.kill(victim["pid"], signal.SIGKILL)
+            under_way = sender.during_send(lambda: os.kill(victim["pid"], signal.SIGKILL))
+            sent_at_kill = sender.done
             read_at_kill = {out: _seen(q) for out, q in queries.items()}
-            sender.join(max(1.0, deadline - time.monotonic()))
-            assert not sender.is_alive() and not errors, errors or "the sends did not finish"
-            assert sent[0] == CHUNKS
+            sender.thread.join(max(1.0, deadline - time.monotonic()))
+            assert not sender.thread.is_alive() and not sender.errors, sender.errors or "the sends did not finish"
+            assert sender.done == CHUNKS
+            assert under_way and sent_at_kill < CHUNKS - 1, \
+                f"the kill came after {sent_at_kill} of {CHUNKS} sends, a send under way: {under_way}"
             wait_for(lambda: all(r["state"] == "running" for r in dep.replicas()), 60, "the replica rebuilt")
             engine.end("connections")
             for q in queries.values():
