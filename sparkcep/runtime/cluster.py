@@ -36,7 +36,7 @@ from sparkcep.runtime import commands as cmd
 from sparkcep.runtime.channels import DEFAULT_CAPACITY, Doorbell, RingConsumer, hello
 from sparkcep.runtime.handoff import Board
 from sparkcep.runtime.placement import Slot, im_slots
-from sparkcep.runtime.process import shared_dir
+from sparkcep.runtime.process import reclaim, shared_dir
 from sparkcep.runtime.topology import Topology
 from sparkcep.runtime.wiring import host_key
 
@@ -487,6 +487,8 @@ class Cluster:
                          f"{', '.join(v)}" for dep, v in hosted.items()) or "no instances"
         how = f"died with exit code {code}" if code is not None else "is gone (its command connection closed)"
         im.dead = f"{im.describe()} {how}; it ran {what}"
+        log.warning("%s", im.dead)
+        reclaim(os.path.dirname(self.dir))  # its rings, if it ran on this host (it could not remove them)
         for dep in hosted:
             dep.fail(EngineError(im.dead, "WORKER_DIED"))
         with self.progress:
