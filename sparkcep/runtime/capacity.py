@@ -2,7 +2,7 @@
 
 A count that passes the API's own rules (instances at most bins, bins a
 power of two) can still ask for more than the machine holds: a rescale of
-a window count to 1,000 instances on two workers is 3,000 shared-memory
+a window count to 1,000 instances on two workers is 3,002 shared-memory
 rings of 16 MiB, 47 GiB in ``/dev/shm``. The kernel then kills processes,
 the engine's among them, and leaves the rings behind. So every request is
 sized here, from the plan alone, before any of it exists:
@@ -158,7 +158,7 @@ def instance_state_bytes(p: Plan, sq: str, bins: int) -> int:
     come, a user's operator's state is its own. Plus each router's bin table."""
     from sparkcep.core.operators import physical
     total = TABLE_BYTES_PER_BIN * bins
-    for op in p.subqueries[[s.name for s in p.subqueries].index(sq)].operators:
+    for op in next(s for s in p.subqueries if s.name == sq).operators:
         if isinstance(op, Aggregate):
             lo, hi = (_array_bytes(physical(op, b)) for b in SAMPLE_BINS)
             per_bin = (hi - lo) / (SAMPLE_BINS[1] - SAMPLE_BINS[0])
