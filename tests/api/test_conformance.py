@@ -135,6 +135,18 @@ def test_deploy_returns_the_deployed_query_and_deployment_finds_it(api):
         assert d.dep.migrations() == {"running": [], "finished": []}
 
 
+def test_two_replicas_give_every_row_once_and_rescale_together(api):
+    with Deployment(api, "rep", parallelism=2, bins=BINS, replicas=np.int64(2)) as d:
+        replicas = d.dep.replicas()
+        assert [(r["replica"], r["state"]) for r in replicas] == [(0, "running"), (1, "running")]
+        if api.kind != "workers0":  # on disjoint instance managers
+            assert not set(replicas[0]["instance_managers"]) & set(replicas[1]["instance_managers"]), replicas
+        d.send()
+        assert d.dep.rescale("agg", np.int64(3))["bins"] > 0 and d.dep.parallelism["SQ2"] == 3
+        d.send("numpy")
+        d.end_and_check()
+
+
 @pytest.mark.parametrize("how", ["pandas", "numpy", "arrow", "batch"])
 def test_sends_of_what_users_hold_give_the_reference_rows(api, how):
     with Deployment(api, f"send_{how}", parallelism=2, bins=BINS) as d:
