@@ -127,6 +127,15 @@ class Cluster:
             return "ZooKeeper restarted empty"
         raise ValueError(f"unknown fault {kind!r}; faults: {FAULTS}")
 
+    def story(self, lines: int = 120) -> str:
+        """The last ``lines`` of what the orchestrators and engine hosts logged (not kazoo's chatter), in time
+        order: what a failed run shows."""
+        said = []
+        for log in self.work.glob("*.log"):
+            said += [line for line in log.read_text(errors="replace").splitlines()
+                     if line[:4].isdigit() and "kazoo" not in line and "Connecting to" not in line]
+        return "\n".join(sorted(said)[-lines:])
+
     # --- the end ---------------------------------------------------------------------------------
     def stop(self, timeout: float = 30.0) -> dict:
         """SIGTERM every process (orchestrators first: the last one stops the engine hosts), wait; what is

@@ -202,6 +202,9 @@ def test_the_cluster_survives_20_faults_with_no_row_lost_or_doubled(spark, tmp_p
                                                                  [events(i) for i in range(sent)]))
         assert len(got_client) < len(read)
         pd.testing.assert_frame_equal(got_spark, reference(spark_q, "spark_in", spark_frames))
+    except BaseException:
+        print(f"\nwhat the cluster said last:\n{cluster.story()}")
+        raise
     finally:
         left = cluster.stop()
     assert left == {"processes": [], "shm": []}, left

@@ -12,9 +12,9 @@ run: a take-over starts the next one.
   era.
 * The standby named in ``/datapath`` for the current era, holding every
   entry of it, takes over (era + 1) once ``/engine`` is gone — after
-  :data:`GRACE_S` when its own session was cut too (a ZooKeeper pause or
-  restart: the primary may be re-registering), and never while another host
-  says it is primary of that era or later.
+  :data:`GRACE_S` after its own session came back when it was cut too (a
+  ZooKeeper pause or restart: the primary may be re-registering), and never
+  while another host says it is primary of that era or later.
 * A primary serves only while its session is connected and ``/engine`` is
   its own. When the session is suspended it stops answering changes; once
   connected again it takes ``/engine`` back (same era) — or, finding a
@@ -52,7 +52,7 @@ class Roles:
         self.role, self.era, self.run = "spare", 0, None
         self.deposed = threading.Event()
         self._claimed = False  # /engine is ours, in this session
-        self._cut_at: float | None = None  # when our session was last cut off (suspended or lost)
+        self._back_at: float | None = None  # when our session came back after it was last cut off
         self._since = time.monotonic()  # when we joined, for founding
         self._orphan_since: float | None = None
         self._closed = False
@@ -95,10 +95,10 @@ class Roles:
 
     # --- deciding --------------------------------------------------------------------------
     def _on_state(self, state: State) -> None:
-        if state is not State.CONNECTED:
-            self._cut_at = time.monotonic()
-            if state is State.LOST:
-                self._claimed = False
+        if state is State.CONNECTED:
+            self._back_at = time.monotonic()
+        elif state is State.LOST:
+            self._claimed = False
         self._wake.set()
 
     def _loop(self) -> None:
@@ -172,7 +172,7 @@ class Roles:
                 log.warning("engine host %s: cannot sync %s as its standby: %s", self.name, name, e)
 
     def _without_primary(self, datapath, version) -> None:
-        recently_cut = self._cut_at is not None and time.monotonic() - self._cut_at < GRACE_S
+        recently_cut = self._back_at is not None and time.monotonic() - self._back_at < GRACE_S
         hosts = [self.registry.get(tree.host(n)) for n in self.registry.children(tree.HOSTS) if n != self.name]
         backup = self.host.backup
         if self.role == "standby" and backup.synced:
