@@ -552,7 +552,9 @@ def start_worker(name: str, cpu: int, listen: str, token_file: str, zk: str | No
 
 
 def _die_with_parent() -> None:
-    """In a started instance manager, before exec: SIGTERM when the process that started it dies (Linux)."""
+    """In a started instance manager, before exec: SIGTERM when the process that started it dies (Linux);
+    Ctrl-C ignored (it reaches the whole process group: the process that started the worker stops it)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         import ctypes
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG

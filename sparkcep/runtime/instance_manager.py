@@ -373,10 +373,14 @@ def run(args) -> int:
     """Body of ``sparkcep worker``: pin, warm up, listen, print a READY line, serve until stopped."""
     from sparkcep.runtime.topology import parse_cpulist
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # an engine that started us stops us
+    # SIGTERM stops it, and Ctrl-C unless whoever started it ignores Ctrl-C for it (start_worker: the engine
+    # or the Spark launcher that started it stops it; a KeyboardInterrupt of theirs must not)
+    ignores_ctrl_c = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    stopping = (signal.SIGTERM,) if ignores_ctrl_c else (signal.SIGTERM, signal.SIGINT)
     faulthandler.register(signal.SIGUSR1, all_threads=False)  # kill -USR1 <pid>: where is it stuck?
     stop = []
-    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    for sig in stopping:
+        signal.signal(sig, lambda *_: stop.append(1))
     try:
         token = auth.read(args.token_file)
         if args.cpus:
@@ -407,7 +411,8 @@ def run(args) -> int:
             im.close()
             return 1
     print("READY " + json.dumps(vars(im.info())), flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: setattr(im, "stopping", True))
+    for sig in stopping:
+        signal.signal(sig, lambda *_: setattr(im, "stopping", True))
     try:
         if not stop:
             im.loop()
