@@ -5,7 +5,8 @@ is down.
 Two clusters on a ZooKeeper server of this test (each: three engine hosts, two workers, two
 orchestrators, o1 leading), started together; every process of the first is signalled at once (each
 kind gets SIGINT in one process and SIGTERM in another), then ZooKeeper is stopped and the second is
-signalled the same way.
+signalled the same way. A third cluster, an orchestrator alone with the engine hosts it started, gets
+SIGTERM with ZooKeeper down: it is the last orchestrator, so it stops them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -71,11 +73,11 @@ class Cluster:
         wait(lambda: len(self.registry.children(tree.ORCHESTRATORS)) == 2, "o2 to join")
         wait(lambda: self.registry.get(tree.ENGINE), "a primary engine host")
 
-    def stop(self) -> dict[str, tuple]:
-        """Signal every process at once; per process, (exit code, seconds it took to exit, tracebacks in its
-        log); a process still running a second past the bound has code None."""
+    def stop(self, signals: dict) -> dict[str, tuple]:
+        """Send each process its signal at once; per process, (exit code, seconds it took to exit, tracebacks
+        in its log); a process still running a second past the bound has code None."""
         t0 = time.monotonic()
-        for name, sig in SIGNALS.items():
+        for name, sig in signals.items():
             self.procs[name].send_signal(sig)
         took: dict[str, float] = {}
         while len(took) < len(self.procs) and time.monotonic() - t0 < STOP_S + 1:
@@ -111,40 +113,82 @@ def test_ctrl_c_and_sigterm_stop_every_cluster_process_cleanly(clusters, zookeep
     assert not bad, f"(exit code, seconds, tracebacks) of those that did not stop cleanly: {bad}; all: {got}"
 
 
+ORPHANS = ("with ZooKeeper down, the last orchestrator leaves the engine hosts it started running: "
+           "Orchestrator.close waits up to 3 s for them to end, and never stops them")
+
+
+@pytest.mark.xfail(strict=True, reason=ORPHANS)
+def test_the_last_orchestrator_stops_the_engine_hosts_it_started_with_zookeeper_down(clusters):
+    clusters.stopped(True)
+    (code, took, tracebacks), left = clusters.alone, clusters.orphans
+    assert code == 0 and took is not None and took <= STOP_S and not tracebacks and not left, (clusters.alone, left)
+
+
 class Clusters:
-    """Two clusters on one ZooKeeper server of their own: ``clusters[False]`` is stopped with ZooKeeper up,
-    ``clusters[True]`` once ZooKeeper is down."""
+    """Clusters on one ZooKeeper server of their own: ``clusters[False]`` is stopped with ZooKeeper up,
+    ``clusters[True]`` once ZooKeeper is down, and with it a third one, an orchestrator alone with the
+    engine hosts it started (``alone``: its exit code, seconds and tracebacks; ``orphans``: the pids of
+    those hosts still running 2 s after it exited)."""
 
     def __init__(self, work):
         self.work, self.results = work, {}
         self.token_file = auth.write(work / "token", auth.generate())
         self.server = ZooKeeperServer()
         self.hosts = self.server.start(timeout=60)
-        self.clusters: dict[bool, Cluster] = {}
+        self.clusters: dict = {}
+        self.alone, self.orphans, self.started = None, [], []
 
     def start(self) -> None:
+        for key, root in ((False, "up"), (True, "down"), ("alone", "alone")):
+            (self.work / root).mkdir()
+            self.clusters[key] = Cluster(self.hosts, f"/{root}", self.work / root, self.token_file)
+        self.clusters["alone"].start("o3", "orchestrator")
         for down in (False, True):
-            (self.work / str(down)).mkdir()
-            self.clusters[down] = Cluster(self.hosts, f"/{'down' if down else 'up'}", self.work / str(down),
-                                          self.token_file)
             self.clusters[down].start_all()
-        for cluster in self.clusters.values():
-            cluster.settle()
+        for down in (False, True):
+            self.clusters[down].settle()
+        registry = self.clusters["alone"].registry
+        wait(lambda: len(registry.children(tree.HOSTS)) == 3, "the engine hosts of o3")
+        self.started = [registry.get(tree.host(n))["pid"] for n in registry.children(tree.HOSTS)]
 
     def stopped(self, zookeeper_down: bool) -> dict[str, tuple]:
-        """What :meth:`Cluster.stop` says of that cluster (stopped at the first call)."""
+        """What :meth:`Cluster.stop` says of that cluster (stopped at the first call; the one of ZooKeeper up
+        first: ZooKeeper stays down)."""
+        if zookeeper_down and False not in self.results:
+            self.stopped(False)
         if zookeeper_down not in self.results:
             if zookeeper_down:
                 self.server.stop()
                 wait(lambda: self.clusters[True].registry.state is not State.CONNECTED,
                      "the sessions to be cut", 10)
-            self.results[zookeeper_down] = self.clusters[zookeeper_down].stop()
+            alone = threading.Thread(target=self._stop_alone)
+            if zookeeper_down:
+                alone.start()
+            self.results[zookeeper_down] = self.clusters[zookeeper_down].stop(SIGNALS)
+            if zookeeper_down:
+                alone.join()
         return self.results[zookeeper_down]
+
+    def _stop_alone(self) -> None:
+        self.alone = self.clusters["alone"].stop({"o3": signal.SIGTERM})["o3"]
+        time.sleep(2)
+        self.orphans = [pid for pid in self.started if running(pid)]
 
     def close(self) -> None:
         for cluster in self.clusters.values():
             cluster.kill()
+        for pid in self.started:
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
         self.server.stop()
+
+
+def running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 @pytest.fixture(scope="module")
