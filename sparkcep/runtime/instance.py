@@ -78,7 +78,10 @@ class InstanceRunner:
 
         An input that delivered a control record is not read again until every
         input delivered it (alignment): what follows it already belongs to the
-        configuration it starts.
+        configuration it starts. Nothing is read while imported state is awaited
+        (:attr:`importing`): what arrives meanwhile waits in the channels, which
+        are bounded, so its producers wait too instead of this process's memory
+        growing with it.
         """
         done = 0
         t0 = time.perf_counter_ns()
@@ -87,7 +90,8 @@ class InstanceRunner:
         router = self.router
         for k, ch in enumerate(self.channels):
             n = 0
-            while n < budget and not router.backlog_bytes and not self.held[k] and not self.retired:
+            while (n < budget and not router.backlog_bytes and not self.held[k] and not self.retired
+                   and not self.importing):
                 msg = ch.receive()
                 if msg is None:
                     break

@@ -154,7 +154,7 @@ class InstanceManager:
 
     def _sleep(self) -> None:
         live = [h for h in self.hosted.values() if not h.failed]
-        consumers = [end for h in live for end in h.ends.inputs.values()]
+        consumers = [end for h in live for r in h.runners if not r.importing for end in r.channels]  # those read
         producers = [end for h in live for end in h.ends.outputs.values() if end.backlog_bytes]
         for end in consumers + producers:
             end.sleep_flag(True)

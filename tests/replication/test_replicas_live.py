@@ -1,11 +1,13 @@
-"""Live migration of a replicated deployment: every replica migrates, moves and rescales with the query.
+"""A replicated deployment changing while it runs, on worker processes with 64 KiB rings.
 
-``replicas=2`` on four worker processes (two a replica), under a steady input: bins migrate, an instance
-moves (State Transfer), the operator rescales from 2 to 3 instances, sends taken during each. The rows of
-the windows that closed next come from the replica that delivers first; then an instance manager of that
-replica is killed, and the rows of the windows still open (1 s sliding windows: they hold the changes)
-come from the other replica's migrated state. Output equal, per key, to the unreplicated run in one
-process; both replicas run after; ``bin_owners`` as asked.
+* Live migration: ``replicas=2`` on four worker processes (two a replica), under a steady input: bins
+  migrate, an instance moves (State Transfer), the operator rescales from 2 to 3 instances, sends taken
+  during each. The rows of the windows that closed next come from the replica that delivers first; then
+  an instance manager of that replica is killed, and the rows of the windows still open (1 s sliding
+  windows: they hold the changes) come from the other replica's migrated state. Output equal, per key,
+  to the unreplicated run in one process; both replicas run after; ``bin_owners`` as asked.
+* A slow catch-up: while a lost replica's state travels, its rebuilt instances hold the input that
+  arrives in their channels, bounded, so the sources wait instead of memory growing.
 """
 
 import itertools
@@ -22,10 +24,13 @@ from sender import Sender
 import sparkcep as cep
 from harness import plain
 from reference import assert_same_rows
+from sparkcep.runtime.cluster import Cluster
 
 T0 = 1_704_067_200_000_000
 BINS = 16
 LIMIT_S = 60
+RING_BYTES = 64 << 10  # the smallest ring: a few sends fill it
+SLOW_S = 2.0  # how long a catch-up's state is held back on its way
 
 
 def query(name: str) -> cep.Query:
@@ -55,7 +60,7 @@ def reference(name: str, sent: list[int]) -> pa.Table:
 
 @pytest.fixture(scope="module")
 def engine():
-    with cep.Engine.local(workers=4) as e:
+    with cep.Engine.local(workers=4, ring_bytes=RING_BYTES) as e:
         yield e
 
 
@@ -129,3 +134,43 @@ def test_a_move_keeps_the_replicas_on_disjoint_instance_managers(engine):
         assert not set(after[0].values()) & set(after[1].values()), dep.explain()
     finally:
         engine.undeploy("mx")
+
+
+def test_a_slow_catch_up_holds_the_sources_back(engine, monkeypatch):
+    """The survivor's state reaches the rebuilt replica ``SLOW_S`` late (a slow link, as for a large state):
+    meanwhile the rebuilt instance reads nothing, its rings fill, and sends wait; then they go on. Output
+    equal per key to the unreplicated run."""
+    dep = engine.deploy(query("bp"), parallelism=1, bins=BINS, replicas=2)
+    relay = Cluster._relay
+
+    def slow_relay(self, sender, record):
+        time.sleep(SLOW_S)
+        relay(self, sender, record)
+    monkeypatch.setattr(Cluster, "_relay", slow_relay)
+    sent: list[int] = []
+
+    def send(i):
+        engine.send("bp_in", events(i))
+        sent.append(i)
+    sender = Sender(send, itertools.count(), pace_s=0.01).start()
+    sender.wait_done(10, LIMIT_S)
+    victim = next(im for im in engine.instance_managers() if im["name"] in placement(dep)[0].values())
+    assert sender.during_send(lambda: os.kill(victim["pid"], signal.SIGKILL))
+    deadline = time.monotonic() + LIMIT_S
+    while dep.replicas()[0]["state"] != "catching-up":
+        assert time.monotonic() < deadline, dep.replicas()
+        time.sleep(0.001)
+    t0, at_start = time.monotonic(), sender.done
+    while dep.replicas()[0]["state"] != "running":
+        assert time.monotonic() < deadline, dep.replicas()
+        time.sleep(0.001)
+    took, during = time.monotonic() - t0, sender.done - at_start
+    sender.wait_done(sender.done + 10, LIMIT_S)
+    sender.stop()
+    assert not sender.errors, sender.errors
+    engine.end("bp_in")
+    got = engine.collect("bp_out")
+    engine.undeploy("bp")
+    print(f"catch-up {took:.2f} s, {during} sends taken meanwhile")
+    assert took >= SLOW_S and during <= 8, f"{during} sends taken in the {took:.2f} s the catch-up took"
+    assert_same_rows(plain(got), plain(reference("bp", sent)), "through a slow catch-up")
