@@ -171,6 +171,5 @@ def test_a_slow_catch_up_holds_the_sources_back(engine, monkeypatch):
     engine.end("bp_in")
     got = engine.collect("bp_out")
     engine.undeploy("bp")
-    print(f"catch-up {took:.2f} s, {during} sends taken meanwhile")
     assert took >= SLOW_S and during <= 8, f"{during} sends taken in the {took:.2f} s the catch-up took"
     assert_same_rows(plain(got), plain(reference("bp", sent)), "through a slow catch-up")
