@@ -70,6 +70,7 @@ class EngineHost:
         self.backup = Backup()
         self.adopted: dict[str, str] = {}  # member name -> address
         self._adopting = threading.Lock()
+        self._members_watch = None
         self.roles = Roles(self.registry, name, self._doc, self)
 
     # --- what the endpoint serves when ---------------------------------------------------
@@ -99,10 +100,16 @@ class EngineHost:
         self._serve(Journal(era, run, self.token))
 
     def take_over(self, era: int) -> None:
-        """Serve what the standby holds: deploy and replay it on the members."""
-        self.adopt_members()
+        """Serve what the standby holds: deploy and replay it on the members (waiting for as many as it
+        needs, however long: the data path is here and nowhere else)."""
+        self._follow_members()
         replicas = [e["options"].get("replicas") or 1 for e in self.backup.entries if e["kind"] == "deploy"]
-        self.engine._await_workers(max(replicas, default=1))
+        while True:
+            try:
+                self.engine._await_workers(max(replicas, default=1))
+                break
+            except EngineError as e:
+                log.warning("engine host %s: taking over waits for instance managers: %s", self.name, e)
         log.info("engine host %s: replaying %d entries on %d instance managers", self.name,
                  len(self.backup.entries), len(self.adopted))
         replay(self.backup, self.engine)
@@ -115,20 +122,23 @@ class EngineHost:
         for log_ in self.engine.outputs.values():
             log_.journal = journal
         self.engine.journal = journal
-        self.adopt_members()
-        self.registry.watch_children(tree.MEMBERS, lambda names: threading.Thread(
-            target=self.adopt_members, daemon=True).start())
+        self._follow_members()
+
+    def _follow_members(self) -> None:
+        """Adopt the members now and each one that joins (once)."""
+        if self._members_watch is None:
+            self._members_watch = self.registry.watch_children(tree.MEMBERS, lambda names: threading.Thread(
+                target=self.adopt_members, daemon=True).start())
 
     def adopt_members(self, names=None) -> None:
         """Use every member not adopted yet (a worker that joined) for the next placements."""
         with self._adopting:
             names = self.registry.children(tree.MEMBERS) if names is None else names
-            for name in set(self.adopted) - set(names):
-                del self.adopted[name]
-            for name in sorted(set(names) - set(self.adopted)):
+            cluster = self.engine.cluster
+            for name in sorted(names):
                 info = self.registry.get(tree.member(name))
-                if not info:
-                    continue
+                if not info or cluster.by_name(name) is not None:  # gone, or served already (its node came
+                    continue                                       # back in a new session: the same worker)
                 try:
                     self.engine.add_instance_manager(info["address"])
                     self.adopted[name] = info["address"]

@@ -52,6 +52,7 @@ log = logging.getLogger("sparkcep")
 REFRESH_S = 2.0  # how often the leader records placements and figures, and counts engine hosts
 ENGINE_HOSTS = 3  # a primary, its standby and a spare
 START_S = 30.0  # an engine host it started registers within this long, or it is started again
+DEATH_S = 3.0  # a member gone this long is reported dead
 
 
 class Orchestrator:
@@ -252,17 +253,21 @@ class Orchestrator:
                 self.registry.set(path, placement.get(q, {}))
 
     def _membership(self, names: list[str]) -> None:
-        """Instance managers joined or died: a death is reported with what it ran."""
+        """Instance managers joined or left. One that left and is not back within :data:`DEATH_S` (a member
+        whose session expired in a ZooKeeper pause comes back at once) is reported dead with what it ran."""
         now = set(names)
         for gone in sorted(self._members - now):
-            ran = self._hosted.get(gone, [])
-            log.warning("orchestrator %s: instance manager %s died; it ran %s", self.name, gone,
-                        ", ".join(ran) or "no instances")
-            self.registry.call_soon(lambda g=gone, r=ran: self._event({"kind": "died", "instance_manager": g,
-                                                                       "instances": r}))
+            threading.Timer(DEATH_S, self._gone, args=(gone, self._hosted.get(gone, []))).start()
         for joined in sorted(now - self._members):
             log.info("orchestrator %s: instance manager %s joined", self.name, joined)
         self._members = now
+
+    def _gone(self, name: str, ran: list[str]) -> None:
+        if name in self._members or not self._acting():
+            return
+        log.warning("orchestrator %s: instance manager %s died; it ran %s", self.name, name,
+                    ", ".join(ran) or "no instances")
+        self._event({"kind": "died", "instance_manager": name, "instances": ran})
 
     def _event(self, doc: dict) -> None:
         if self._acting() or doc.get("kind") == "leader":

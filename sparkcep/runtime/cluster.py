@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 import traceback
+import uuid
 import weakref
 from dataclasses import dataclass, field
 
@@ -87,6 +88,7 @@ class Cluster:
         self.token, self.ring_bytes = token, ring_bytes
         self.machine = Topology.load(topology)
         self.host = host_key(ENGINE_HOST)
+        self.tag = uuid.uuid4().hex[:6]  # names this engine's generations on the instance managers
         self.dir = shared_dir("")
         weakref.finalize(self, shutil.rmtree, self.dir, True)  # even if close() is never called
         self.token_file = str(auth.write(_path(self.dir, "token"), token))

@@ -5,7 +5,8 @@ The engine side of it: placement, the channel plan, the two set-up steps
 opens its own ends — the sources' producers, the outputs' consumers — the
 same way, :class:`~sparkcep.runtime.wiring.ChannelEnds`), the sources'
 back-pressure and the wait for outputs. Each generation of the deployment
-is deployed on the instance managers under an id of its own (``q#1.2``).
+is deployed on the instance managers under an id of its own (``q#1.2@3f9a1c``: the deployment,
+the generation, the engine).
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ class RemoteDeployment(Deployment):
         cluster = self.cluster
         self.generations += 1
         layout = Layout(self.plan, parallelism)
-        wire = self.id if self.generations == 1 else f"{self.id}.{self.generations}"
+        wire = f"{self.id}.{self.generations}@{cluster.tag}"  # unique on the instance managers, which may still
+        # run the same deployment for an engine this one took over from
         if placement is None:
             slots, topology = cluster.slots_and_topology(self.ims)
             if not slots:

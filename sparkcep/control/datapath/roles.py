@@ -20,7 +20,9 @@ run: a take-over starts the next one.
   connected again it takes ``/engine`` back (same era) — or, finding a
   later era, knows it was deposed and stops.
 * A spare founds a new run (era 1) only when the registry holds no data
-  path at all and no host of any era has shown up for :data:`FOUND_GRACE_S`.
+  path at all and it never saw one since it started, after
+  :data:`FOUND_GRACE_S`: a ZooKeeper restarted empty shows none for a
+  while, and a spare must not start the cluster's data path over then.
 
 One thread decides, on every change of those nodes and every
 :data:`STEP_S`; the host does what it decides (:class:`~sparkcep.control.host.EngineHost`).
@@ -39,6 +41,8 @@ from sparkcep.control.registry import RegistryError, State
 log = logging.getLogger("sparkcep")
 STEP_S = 0.25
 GRACE_S = 4.0  # after its own session was cut, a standby waits this long for the primary to come back
+ABSENT_S = 1.0  # within CUT_MEMORY_S of its own session coming back, a standby sees no primary this long first
+CUT_MEMORY_S = 60.0
 ORPHAN_S = 60.0  # a host that sees no orchestrator in the registry this long stops: its cluster is gone
 NO_REGISTRY_S = 600.0  # and one that reaches no registry this long
 FOUND_GRACE_S = 5.0  # a spare founds a new data path only after the registry showed none for this long
@@ -53,6 +57,8 @@ class Roles:
         self.deposed = threading.Event()
         self._claimed = False  # /engine is ours, in this session
         self._back_at: float | None = None  # when our session came back after it was last cut off
+        self._absent_since: float | None = None  # since when a standby has seen no primary
+        self._seen = False  # whether it ever saw a data path: then it never founds one (a restarted ZooKeeper)
         self._since = time.monotonic()  # when we joined, for founding
         self._orphan_since: float | None = None
         self._closed = False
@@ -75,12 +81,20 @@ class Roles:
 
     def orphaned(self) -> str | None:
         """Why this host's cluster is gone, if it is: no orchestrator in the registry for :data:`ORPHAN_S`,
-        or no registry for :data:`NO_REGISTRY_S` (longer: a ZooKeeper outage must not end the data path)."""
-        if self._orphan_since is None:
+        or no registry for :data:`NO_REGISTRY_S` (longer: a ZooKeeper outage must not end the data path).
+        Asked by the process's main loop (quick: it reads the registry only while connected)."""
+        try:
+            alone = ("registry" if self.registry.state is not State.CONNECTED else
+                     None if self.registry.children(tree.ORCHESTRATORS) else "orchestrator")
+        except RegistryError:
+            alone = "registry"
+        if alone is None:
+            self._orphan_since = None
             return None
-        alone, since = self._orphan_since
+        if self._orphan_since is None or self._orphan_since[0] != alone:
+            self._orphan_since = (alone, time.monotonic())
         bound = NO_REGISTRY_S if alone == "registry" else ORPHAN_S
-        return f"no {alone} for {bound:.0f} s" if time.monotonic() - since > bound else None
+        return f"no {alone} for {bound:.0f} s" if time.monotonic() - self._orphan_since[1] > bound else None
 
     def _become(self, role: str, era: int, run: str | None) -> None:
         self.role, self.era, self.run = role, era, run
@@ -102,12 +116,15 @@ class Roles:
         self._wake.set()
 
     def _loop(self) -> None:
+        connected = True
         while not self._closed and not self.deposed.is_set():
             self._wake.wait(STEP_S)
             self._wake.clear()
-            self._watch_orphan()
             if self.registry.state is not State.CONNECTED:
+                connected = False
                 continue
+            if not connected:  # back (the state listener may not have run yet)
+                connected, self._back_at = True, time.monotonic()
             try:
                 self._step()
             except RegistryError as e:  # the connection dropped meanwhile: the next step looks again
@@ -116,24 +133,16 @@ class Roles:
                 log.exception("engine host %s: deciding its role failed", self.name)
                 time.sleep(1.0)
 
-    def _watch_orphan(self) -> None:
-        try:
-            alone = ("registry" if self.registry.state is not State.CONNECTED else
-                     None if self.registry.children(tree.ORCHESTRATORS) else "orchestrator")
-        except RegistryError:
-            alone = "registry"
-        if alone is None:
-            self._orphan_since = None
-        elif self._orphan_since is None or self._orphan_since[0] != alone:
-            self._orphan_since = (alone, time.monotonic())
-
     def _step(self) -> None:
         engine = self.registry.get(tree.ENGINE)
         datapath, version = self.registry.versioned(tree.DATAPATH)
+        self._seen = self._seen or bool(engine or datapath)
         if self.role == "primary":
             self._as_primary(engine, datapath, version)
         elif engine is None:
             self._without_primary(datapath, version)
+        else:
+            self._absent_since = None
 
     def _as_primary(self, engine, datapath, version) -> None:
         journal = self.host.engine.journal
@@ -146,8 +155,9 @@ class Roles:
                                 self.era, (later or [engine])[0].get("name"))
                     self.deposed.set()
                 return
+            former = engine is not None and engine.get("name") == self.name  # our former session's node
             if self._claim(datapath if datapath and datapath.get("run") == self.run else None,
-                           version, self.era, self.run, journal.standby):
+                           version, self.era, self.run, journal.standby, replace=former):
                 log.info("engine host %s: primary of era %d again", self.name, self.era)
                 if journal.standby is not None:
                     journal.mark_recorded(journal.standby)
@@ -172,13 +182,18 @@ class Roles:
                 log.warning("engine host %s: cannot sync %s as its standby: %s", self.name, name, e)
 
     def _without_primary(self, datapath, version) -> None:
-        recently_cut = self._back_at is not None and time.monotonic() - self._back_at < GRACE_S
+        now = time.monotonic()
+        recently_cut = self._back_at is not None and now - self._back_at < GRACE_S
         hosts = [self.registry.get(tree.host(n)) for n in self.registry.children(tree.HOSTS) if n != self.name]
         backup = self.host.backup
         if self.role == "standby" and backup.synced:
             if recently_cut or any(h and h.get("role") == "primary" and h.get("run") == backup.run and
                                    h.get("era", 0) >= backup.era for h in hosts):
+                self._absent_since = None
                 return
+            self._absent_since = self._absent_since or now
+            if self._back_at is not None and now - self._back_at < CUT_MEMORY_S and now - self._absent_since < ABSENT_S:
+                return  # our session was cut lately: the primary's too; its absence must last to count
             if datapath is not None and not (datapath.get("run") == backup.run and datapath.get("era") == backup.era
                                              and datapath.get("standby") == self.name):
                 return
@@ -192,28 +207,37 @@ class Roles:
             log.warning("engine host %s: the primary of era %d is gone: taking over as era %d", self.name,
                         backup.era, era)
             self.role, self.era, self.run = "taking-over", era, backup.run
-            self.host.take_over(era)
+            try:
+                self.host.take_over(era)
+            except Exception:  # nothing else holds the data path now: say so loudly, and stop
+                log.critical("engine host %s: the take-over failed: the data path of run %s is lost", self.name,
+                             backup.run, exc_info=True)
+                self.deposed.set()
+                return
             self._become("primary", era, backup.run)
-        elif (self.role == "spare" and datapath is None and not recently_cut
-              and time.monotonic() - self._since > FOUND_GRACE_S and not any(h and h.get("era") for h in hosts)):
+        elif (self.role == "spare" and not self._seen and datapath is None and not recently_cut
+              and time.monotonic() - self._since > FOUND_GRACE_S):
             run = uuid.uuid4().hex
             if self._claim(None, None, 1, run, None):
                 log.info("engine host %s: founding the cluster's data path (run %s)", self.name, run)
                 self.host.found(1, run)
                 self._become("primary", 1, run)
 
-    def _claim(self, datapath, version, era: int, run: str, standby: str | None) -> bool:
-        """Create ``/engine`` and write ``/datapath`` for ``era``, checked against the ``version`` of
-        ``/datapath`` read (None: it must not exist); whether this host won."""
+    def _claim(self, datapath, version, era: int, run: str, standby: str | None, replace: bool = False) -> bool:
+        """Create ``/engine`` (``replace``: deleting this host's former session's first) and write
+        ``/datapath`` for ``era``, checked against the ``version`` of ``/datapath`` read (None: it must not
+        exist); whether this host won."""
         doc = {**self._doc(), "era": era, "run": run}
         try:
             with self.registry.transaction() as t:
                 if datapath is not None:
                     t.check(tree.DATAPATH, version)
+                if replace:
+                    t.delete(tree.ENGINE)
                 t.create(tree.ENGINE, doc, ephemeral=True)
                 t.set(tree.DATAPATH, {"era": era, "run": run, "primary": self.name, "standby": standby})
         except RegistryError as e:
-            if e.code in ("NODE_EXISTS", "BAD_VERSION"):
+            if e.code in ("NODE_EXISTS", "BAD_VERSION", "NO_NODE"):
                 return False
             raise
         self._claimed = True
