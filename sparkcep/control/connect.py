@@ -45,6 +45,7 @@ REGISTRY_TIMEOUT_S = 10.0  # to reach a cluster's registry to find its engine ho
 RETRY_S = 30.0  # a call rides through a data path's failure this long before it raises
 POLL_S = 0.05
 MEMBERS_WAIT_S = 60.0  # a deploy waits this long for the instance managers it needs to join
+SETTLE_S = 3.0  # and, once it has them, for more to spread on, while they keep joining
 log = logging.getLogger("sparkcep")
 RETRYABLE = ("NOT_PRIMARY", "NO_STANDBY", "FENCED", "REGISTRY_UNREACHABLE")  # the data path moves: ask again
 
@@ -170,20 +171,31 @@ class ConnectedEngine:
             raise QueryError(f"deploy() takes a Query, got {type(query).__name__}")
         options = options_to_wire({"parallelism": parallelism, "bins": bins, "retain": retain, "balance": balance,
                                    "replicas": replicas})
-        self._await_members(options["replicas"] if isinstance(options["replicas"], int) else 1)
+        replicas = options["replicas"] if isinstance(options["replicas"], int) else 1
+        spread = max(options["parallelism"].values()) if isinstance(options["parallelism"], dict) \
+            else options["parallelism"]
+        self._await_members(replicas, replicas * spread if isinstance(spread, int) else replicas)
         doc = {"kind": "deploy", "query": base64.b64encode(cloudpickle.dumps(query)).decode(), "options": options}
         result = self._request(doc, f"deploy of {query.name!r}")
         return ClientDeployed(result["deployment"], query, self.path.client)
 
-    def _await_members(self, n: int, timeout: float = MEMBERS_WAIT_S) -> None:
-        """Wait until ``n`` instance managers are members, saying what it waits for (the data path waits
-        too, and fails with NOT_ENOUGH_WORKERS naming how many joined)."""
-        deadline, told = time.monotonic() + timeout, 0.0
-        while (joined := len(self.registry.children(tree.MEMBERS))) < n and time.monotonic() < deadline:
-            if time.monotonic() - told > 5:
-                told = time.monotonic()
-                log.warning("waiting for instance managers to join the cluster: %d of %d (up to %.0f s more)",
-                            joined, n, deadline - told)
+    def _await_members(self, needed: int, wanted: int, timeout: float = MEMBERS_WAIT_S) -> None:
+        """Wait until ``needed`` instance managers are members (one per replica: the data path then fails
+        with NOT_ENOUGH_WORKERS naming how many joined), and then, to spread the instances, until ``wanted``
+        are, or none joined for :data:`SETTLE_S` (workers started together join within seconds of each
+        other); saying what it waits for."""
+        deadline, told, last, seen = time.monotonic() + timeout, time.monotonic(), time.monotonic(), -1
+        while True:
+            joined, now = len(self.registry.children(tree.MEMBERS)), time.monotonic()
+            if joined != seen:
+                last, seen = now, joined
+            if now > deadline or joined >= wanted or (joined >= needed and now - last > SETTLE_S):
+                return
+            if now - told > 3:
+                told = now
+                log.warning("waiting for instance managers to join the cluster: %d joined, %d needed%s (up to %.0f "
+                            "s more)", joined, needed, f", {wanted} to spread the instances" if wanted > needed
+                            else "", deadline - now)
             time.sleep(POLL_S)
 
     def deployment(self, name: str) -> ClientDeployed:

@@ -1,5 +1,7 @@
 """The README's cluster walkthrough, run exactly as written (ports moved to free ones, from a scratch
-directory): ZooKeeper, an orchestrator, two workers, deploy, feed, status, the metrics endpoint."""
+directory): ZooKeeper, an orchestrator, two workers, deploy (at once: it waits for the workers itself),
+feed, status, the metrics endpoint, a rescale; then terminal 1's ZooKeeper is restarted as the README
+runs it (temporary data: it comes back empty), and the cluster serves again: the feed runs once more."""
 
 from __future__ import annotations
 
@@ -49,23 +51,32 @@ def test_the_readme_cluster_walkthrough_runs_as_written(tmp_path):
             assert time.monotonic() < deadline, f"timed out waiting for {what}"
             time.sleep(0.2)
 
+    def commands():
+        return [line.replace("2181", str(zk_port)).replace("9464", str(metrics_port))
+                .replace("examples/", f"{ROOT}/examples/").rstrip("&").strip() for line in walkthrough()]
+
+    def run_(command: str) -> str:
+        run = subprocess.run(command, shell=True, env=env, cwd=tmp_path, capture_output=True, text=True,
+                             timeout=120)
+        assert run.returncode == 0, f"{command}\n{run.stdout}\n{run.stderr}"
+        return run.stdout
+
     try:
-        for line in walkthrough():
-            command = (line.replace("2181", str(zk_port)).replace("9464", str(metrics_port))
-                       .replace("examples/", f"{ROOT}/examples/").rstrip("&").strip())
+        for command in commands():
             if command.startswith(LONG_RUNNING):
                 background.append(subprocess.Popen(shlex.split(command), env=env, cwd=tmp_path,
                                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
                 if command.startswith("sparkcep zookeeper"):
                     wait(lambda: _listening(zk_port), "ZooKeeper")
                 continue
-            if command.startswith("sparkcep deploy"):  # a user starts it once the workers are up
-                wait(lambda: len(status().get("instance_managers", [])) == 2 and status().get("engine"),
-                     "the two workers and the engine host")
-            run = subprocess.run(command, shell=True, env=env, cwd=tmp_path, capture_output=True, text=True,
-                                 timeout=120)
-            assert run.returncode == 0, f"{command}\n{run.stdout}\n{run.stderr}"
-            outputs[command.split()[0] + " " + command.split()[1]] = run.stdout
+            outputs[command.split()[0] + " " + command.split()[1]] = run_(command)
+        zookeeper = background[0]  # terminal 1: Ctrl-C, then the same command again
+        zookeeper.send_signal(signal.SIGINT)
+        assert zookeeper.wait(30) == 0
+        background[0] = subprocess.Popen(zookeeper.args, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.PIPE)
+        wait(lambda: _listening(zk_port), "ZooKeeper again")
+        again = run_(next(c for c in commands() if "cluster_feed.py" in c))
     finally:
         for p in reversed(background):  # the orchestrator, last to leave, stops the engine host
             p.send_signal(signal.SIGTERM)
@@ -79,6 +90,7 @@ def test_the_readme_cluster_walkthrough_runs_as_written(tmp_path):
     text = outputs["sparkcep status"]
     assert "LEADER" in text and re.search(r"w1 .* clicks\.SQ1", text) and re.search(r"w2 .* clicks\.SQ1", text), text
     assert re.search(r'sparkcep_query_rows_in_total\{query="clicks"\} 100000', outputs["curl -s"]), outputs["curl -s"]
+    assert re.search(r"(\d+) windows closed during this run: per window and IP", again), again
 
 
 def _listening(port: int) -> bool:
