@@ -35,5 +35,5 @@ class Membership:
         log.info("instance manager %s joined %r", name, registry)
 
     def close(self) -> None:
-        self.presence.cancel()
+        self.presence.cancel(delete=False)  # it goes with the session
         self.registry.close()

@@ -31,6 +31,7 @@ One thread decides, on every change of those nodes and every
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import uuid
@@ -44,7 +45,7 @@ GRACE_S = 4.0  # after its own session was cut, a standby waits this long for th
 ABSENT_S = 1.0  # within CUT_MEMORY_S of its own session coming back, a standby sees no primary this long first
 CUT_MEMORY_S = 60.0
 ORPHAN_S = 60.0  # a host that sees no orchestrator in the registry this long stops: its cluster is gone
-NO_REGISTRY_S = 600.0  # and one that reaches no registry this long
+NO_REGISTRY_S = 600.0  # and one that reaches no registry this long (as long as ORPHAN_S once its starter is gone)
 FOUND_GRACE_S = 5.0  # a spare founds a new data path only after the registry showed none for this long
 
 
@@ -67,8 +68,9 @@ class Roles:
         registry.add_listener(self._on_state)
         self._watches = [registry.watch(tree.ENGINE, lambda _: self._wake.set()),
                          registry.watch_children(tree.HOSTS, lambda _: self._wake.set())]
-        self._thread = threading.Thread(target=self._loop, name=f"sparkcep-roles-{name}", daemon=True)
-        self._thread.start()
+        self._starter = os.getppid()  # the orchestrator that started this host (this host outlives it)
+        for target in (self._loop, self._watch_orphans):
+            threading.Thread(target=target, name=f"sparkcep-roles-{name}", daemon=True).start()
 
     # --- what the host asks ----------------------------------------------------------------
     def serving(self) -> bool:
@@ -80,21 +82,31 @@ class Roles:
         self._become("standby", era, run)
 
     def orphaned(self) -> str | None:
-        """Why this host's cluster is gone, if it is: no orchestrator in the registry for :data:`ORPHAN_S`,
-        or no registry for :data:`NO_REGISTRY_S` (longer: a ZooKeeper outage must not end the data path).
-        Asked by the process's main loop (quick: it reads the registry only while connected)."""
-        try:
-            alone = ("registry" if self.registry.state is not State.CONNECTED else
-                     None if self.registry.children(tree.ORCHESTRATORS) else "orchestrator")
-        except RegistryError:
-            alone = "registry"
-        if alone is None:
-            self._orphan_since = None
+        """Why this host's cluster is gone, if it is: no orchestrator in the registry for :data:`ORPHAN_S`;
+        no registry for as long while the orchestrator that started this host is gone too; or no registry
+        for :data:`NO_REGISTRY_S` (a ZooKeeper outage alone must not end the data path). Kept up to date by
+        a thread of its own (registry calls may wait): asking never waits."""
+        if self._orphan_since is None:
             return None
-        if self._orphan_since is None or self._orphan_since[0] != alone:
-            self._orphan_since = (alone, time.monotonic())
-        bound = NO_REGISTRY_S if alone == "registry" else ORPHAN_S
-        return f"no {alone} for {bound:.0f} s" if time.monotonic() - self._orphan_since[1] > bound else None
+        alone, since = self._orphan_since
+        if alone == "registry":
+            bound = ORPHAN_S if os.getppid() != self._starter else NO_REGISTRY_S
+        else:
+            bound = ORPHAN_S
+        return f"no {alone} for {bound:.0f} s" if time.monotonic() - since > bound else None
+
+    def _watch_orphans(self) -> None:
+        while not self._closed:
+            try:
+                alone = ("registry" if self.registry.state is not State.CONNECTED else
+                         None if self.registry.children(tree.ORCHESTRATORS) else "orchestrator")
+            except RegistryError:
+                alone = "registry"
+            if alone is None:
+                self._orphan_since = None
+            elif self._orphan_since is None or self._orphan_since[0] != alone:
+                self._orphan_since = (alone, time.monotonic())
+            time.sleep(1.0)
 
     def _become(self, role: str, era: int, run: str | None) -> None:
         self.role, self.era, self.run = role, era, run
@@ -249,4 +261,4 @@ class Roles:
         for watch in self._watches:
             watch.cancel()
         self.registry.remove_listener(self._on_state)
-        self.presence.cancel()
+        self.presence.cancel(delete=False)  # it goes with the session, which the host closes next

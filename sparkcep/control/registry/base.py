@@ -129,11 +129,12 @@ class Presence:
             except Exception as e:  # the connection dropped again, or a former session's node is still there
                 log.debug("registry: keeping %s: %s", self.path, e)
 
-    def cancel(self) -> None:
-        """Stop keeping the node and delete it (if this session holds it and the registry answers)."""
+    def cancel(self, delete: bool = True) -> None:
+        """Stop keeping the node; ``delete`` it now (if this session holds it and the registry answers),
+        else it goes when the session is closed."""
         self._stop.set()
         try:
-            if self.registry.state is State.CONNECTED and self.registry.owned(self.path):
+            if delete and self.registry.state is State.CONNECTED and self.registry.owned(self.path):
                 self.registry.delete(self.path)
         except Exception as e:
             log.debug("registry: dropping %s: %s", self.path, e)

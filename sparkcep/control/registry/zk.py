@@ -125,6 +125,8 @@ class ZkRegistry(Registry):
         def ask(method: Callable, *args, **kwargs):
             if not self._connected.wait(max(deadline - time.monotonic(), 0)):
                 raise ConnectionLoss()  # retried until the deadline: a request sent now would wait for a reconnection
+            if self._closed:
+                raise ConnectionClosedError("closed")  # close() woke this wait: end it now
             return method(*args, **kwargs).get(timeout=max(deadline - time.monotonic(), 0.001))
         try:
             return self._retry.copy()(fn, ask)
@@ -333,6 +335,7 @@ class ZkRegistry(Registry):
             return
         self._closed = True
         self._state = State.LOST
+        self._connected.set()  # a call waiting for the connection ends now (REGISTRY_CLOSED)
         try:
             self._client.stop()
         finally:
