@@ -31,6 +31,7 @@ import pyarrow as pa
 
 from sparkcep import errors
 from sparkcep import auth
+from sparkcep.arguments import integer
 from sparkcep.core.ingest import to_batches
 from sparkcep.gateway import discovery
 from sparkcep.gateway.discovery import EngineNotFoundError
@@ -240,13 +241,13 @@ class EngineClient:
 
     def register(self, stream: str, consumer: str, positions: dict[int, int] | None = None, **identity) -> dict:
         """Hold the rows of ``stream`` for ``consumer`` from ``positions`` (default: the earliest retained)."""
-        pos = None if positions is None else {str(p): int(v) for p, v in positions.items()}
+        pos = None if positions is None else {str(p): plain_position(v) for p, v in positions.items()}
         return self.request("register", stream=stream, consumer=consumer, positions=pos, **_drop_none(identity))[0]
 
     def commit(self, stream: str, positions: dict[int, int], consumer: str = "default", **identity) -> None:
         """Release the rows of ``stream`` before ``positions`` once every consumer passed them."""
         self.request("commit", stream=stream, consumer=consumer,
-                     positions={str(p): int(v) for p, v in positions.items()}, **_drop_none(identity))
+                     positions={str(p): plain_position(v) for p, v in positions.items()}, **_drop_none(identity))
 
     def metrics(self) -> dict:
         """The engine's metrics plus the endpoint's counters, numbered as the engine numbers them (JSON
@@ -329,6 +330,11 @@ class EngineClient:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+
+
+def plain_position(value) -> int:
+    """A position as JSON holds it: an integer (numpy's too) >= 0; floats and bools refused."""
+    return integer(value, "a position", minimum=0, error=errors.EngineError, code="OFFSET_RANGE")
 
 
 def _drop_none(fields: dict) -> dict:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+from sparkcep.arguments import integer
 from sparkcep.errors import QueryError, SchemaError
 from sparkcep.schema import Schema
 
@@ -216,8 +217,9 @@ class SplitPart(Expr):
     def __init__(self, operand: Expr, delimiter: str, part: int):
         if not isinstance(delimiter, str):
             raise QueryError(f"split_part takes a str delimiter, got {delimiter!r}")
-        if not isinstance(part, int) or isinstance(part, bool) or part == 0:
-            raise QueryError(f"split_part takes a part number from 1 (or from -1 at the end), got {part!r}")
+        part = integer(part, "split_part's part number (from 1, or from -1 at the end)")
+        if part == 0:
+            raise QueryError("split_part takes a part number from 1 (or from -1 at the end), got 0")
         self.operand, self.delimiter, self.part = operand, delimiter, part
 
     def children(self):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 
-from sparkcep.arguments import checked
+from sparkcep.arguments import checked, integer
 from sparkcep.errors import QueryError
 
 _UNITS_US = {"us": 1, "ms": 1_000, "s": 1_000_000, "m": 60_000_000, "min": 60_000_000,
@@ -75,11 +75,8 @@ class TupleWindow:
 
     @checked()
     def __init__(self, size: int, advance: int | None = None):
-        self.size = size
-        self.advance = size if advance is None else advance
-        for name, v in (("size", self.size), ("advance", self.advance)):
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise QueryError(f"TupleWindow {name} must be a positive int, got {v!r}")
+        self.size = integer(size, "TupleWindow size", minimum=1)
+        self.advance = self.size if advance is None else integer(advance, "TupleWindow advance", minimum=1)
         if self.advance > self.size:
             raise QueryError(f"TupleWindow advance {self.advance} is larger than its size {self.size}")
 

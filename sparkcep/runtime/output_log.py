@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from sparkcep.arguments import integer
+from sparkcep.arguments import integer
 from sparkcep.core.columns import ID, SEQ
 from sparkcep.errors import EngineError
 
@@ -300,7 +301,7 @@ class OutputLog:
         with self._lock:
             mine = self._consumers.setdefault(consumer, {})
             start = {p: part.base for p, part in self._parts.items()}
-            start.update({int(p): int(v) for p, v in (positions or {}).items()})
+            start.update(_positions(positions or {}))
             for p, pos in start.items():
                 mine[p] = max(mine.get(p, 0), pos)
 
@@ -314,8 +315,8 @@ class OutputLog:
             self.journal.consumed(self, "commit", consumer, positions)
         with self._lock:
             mine = self._consumers.setdefault(consumer, {})
-            for p, pos in positions.items():
-                mine[int(p)] = max(mine.get(int(p), 0), int(pos))
+            for p, pos in _positions(positions).items():
+                mine[p] = max(mine.get(p, 0), pos)
             parts = list(self._parts)
             lows = {p: min(c.get(p, 0) for c in self._consumers.values()) for p in parts}
         for p, low in lows.items():
@@ -410,3 +411,10 @@ class Subscription:
 def _discard(items: list, item) -> None:
     if item in items:
         items.remove(item)
+
+
+def _positions(positions) -> dict[int, int]:
+    """``{partition: position}`` as integers (numpy's, or the strings JSON keys are), refusing floats and bools."""
+    return {integer(int(p) if isinstance(p, str) else p, "a partition", error=EngineError, code="OFFSET_RANGE"):
+            integer(v, f"the position in partition {p}", minimum=0, error=EngineError, code="OFFSET_RANGE")
+            for p, v in positions.items()}

@@ -20,6 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from sparkcep.arguments import integer
 from sparkcep.gateway import discovery
 from sparkcep.errors import SparkcepError
 
@@ -88,7 +89,8 @@ def configure(builder, instance_managers: int | None = None, engine: str | None 
     plugins = [p for p in options.get("spark.plugins", "").split(",") if p]
     builder = builder.config("spark.jars", ",".join(jars + [str(shim_jar())])) \
         .config("spark.plugins", ",".join(plugins + [PLUGIN_CLASS] if PLUGIN_CLASS not in plugins else plugins))
-    settings = {"instanceManagers": None if instance_managers is None else str(int(instance_managers)),
+    settings = {"instanceManagers": None if instance_managers is None else
+                str(integer(instance_managers, "instance_managers", minimum=1, code="OPTION")),
                 "engine": engine, "zk": zk, "tokenFile": token_file, "listen": listen, "python": python}
     for key, value in settings.items():
         if value is not None:

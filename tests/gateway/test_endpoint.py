@@ -120,8 +120,8 @@ def test_sends_and_reads_larger_than_a_frame_are_split(served, monkeypatch):
     e, c = served
     monkeypatch.setattr(protocol, "MAX_PAYLOAD", 64 << 10)
     sends = []
-    real = e.send
-    monkeypatch.setattr(e, "send", lambda stream, data: sends.append(data.num_rows) or real(stream, data))
+    real = e._take  # what the endpoint's sends and staged commits call
+    monkeypatch.setattr(e, "_take", lambda stream, data, key=None: sends.append(data.num_rows) or real(stream, data, key))
     before = e.endpoint.counters["requests"]
     assert c.send("connections", _rows(20_000)) == 20_000
     assert sends == [20_000]  # one engine send

@@ -11,7 +11,6 @@ sends: equal to a run without the failed batch, or with it exactly once.
 from __future__ import annotations
 
 import json
-import socket
 import struct
 
 import numpy as np
@@ -186,12 +185,13 @@ def test_partition_whose_staging_fails_aborts_the_batch(served):
     c.commit_stage("connections", W, 0, _stage(c, 0, {0: b0}))
     _stage(c, 1, {0: b1[0]})
     payload = protocol.to_ipc(b1[1].to_batches(), b1[1].schema)
-    head = json.dumps({"op": "stage", "token": c.token, "stream": "connections", "writer": W, "batch": 1,
-                                "partition": 1, "attempt": "a1", "chunk": 0}).encode()
-    host, _, port = c.address.rpartition(":")
-    with socket.create_connection((host, int(port))) as s:
-        s.sendall(struct.pack(">2sBBIQ", b"UC", protocol.VERSION, 0, len(head), payload.size) + head)
-        s.sendall(payload.to_pybytes()[: payload.size // 2])
+    head = json.dumps({"op": "stage", "stream": "connections", "writer": W, "batch": 1, "partition": 1,
+                       "attempt": "a1", "chunk": 0}).encode()
+    cut = EngineClient(c.address, token=c.token)
+    s = cut._socket()  # a connection that proved the token, as a task's does
+    s.sendall(struct.pack(">2sBBIQ", b"UC", protocol.VERSION, 0, len(head), payload.size) + head)
+    s.sendall(payload.to_pybytes()[: payload.size // 2])
+    cut.close()  # the task dies mid-payload: its partition is never staged
     assert e.endpoint.staging.staged(W, 1) == {0: 50}
     c.abort_stage(W, 1)
     assert e.collect("all").num_rows == 50 and e.endpoint.snapshot()["endpoint"]["staged_rows"] == 0
