@@ -83,9 +83,13 @@ class Engine:
         self.journal = None  # a cluster's data path: what it takes reaches its standby first (sparkcep.control.datapath)
         self.wait_workers_s = 0.0  # a deployment waits this long for instance managers to join (a cluster's)
         if workers or instance_managers or standby:
-            self._cluster().adopt_all(instance_managers)
-            if workers or standby:
-                self.cluster.spawn(workers, standby)
+            try:
+                self._cluster().adopt_all(instance_managers)
+                if workers or standby:
+                    self.cluster.spawn(workers, standby)
+            except BaseException:  # nothing is left of it: its threads, connections and shared memory go
+                self.cluster.close()
+                raise
 
     @classmethod
     @checked(EngineError)
