@@ -67,6 +67,7 @@ class Orchestrator:
         self._hosted: dict[str, list[str]] = {}  # member -> instances it ran, as last seen
         self._members: set[str] = set()
         self._started: dict[str, tuple[float, object]] = {}  # engine hosts it started: name -> (when, process)
+        self._alone, self._looked = False, 0.0  # whether it saw no other orchestrator, when it looked last
         self.metrics_address = None
         if metrics:
             from sparkcep.control.prometheus import serve
@@ -86,6 +87,7 @@ class Orchestrator:
         """Serve until :attr:`stopped`: lead while holding the lease, contend again after a lost session."""
         while not self.stopped.is_set():
             self._reap()
+            self._look_around()
             if not self.leading.wait(0.2):
                 if not self.lease.contending and self.registry.state is State.CONNECTED:
                     self.lease.contend(on_gained=self.leading.set)
@@ -110,6 +112,7 @@ class Orchestrator:
             next_refresh = 0.0
             while self.leading.is_set() and not self.stopped.is_set():
                 self._reap()
+                self._look_around()
                 if not self._acting():
                     time.sleep(0.1)
                     continue
@@ -144,6 +147,16 @@ class Orchestrator:
             name = f"h-{uuid.uuid4().hex[:8]}"
             log.info("orchestrator %s: %d engine hosts registered: starting %s", self.name, len(registered), name)
             self._started[name] = (now, engine_host.spawn(self.zk, self.token_file, name))
+
+    def _look_around(self) -> None:
+        """Note whether other orchestrators run (every :data:`REFRESH_S`): with the registry unreachable at
+        its stop, this orchestrator goes by what it saw last."""
+        if time.monotonic() - self._looked > REFRESH_S and self.registry.state is State.CONNECTED:
+            try:
+                self._alone = not [o for o in self.registry.children(tree.ORCHESTRATORS) if o != self.name]
+                self._looked = time.monotonic()
+            except RegistryError:
+                pass
 
     def _reap(self) -> None:
         """Collect the exit of the engine hosts it started that ended (no zombie is left behind)."""
@@ -282,7 +295,8 @@ class Orchestrator:
 
     def close(self) -> None:
         """Leave the cluster; the last orchestrator to leave stops the engine hosts (and their queries).
-        Bounded: with the registry unreachable it only stops what it started."""
+        Bounded: with the registry unreachable, one that saw no other orchestrator last stops the engine
+        hosts it started (the others stop by themselves, :meth:`~sparkcep.control.datapath.roles.Roles.orphaned`)."""
         self.stopped.set()
         connected = self.registry.state is State.CONNECTED
         hosts = []
@@ -296,6 +310,11 @@ class Orchestrator:
                     hosts = [d for n in self.registry.children(tree.HOSTS) if (d := self.registry.get(tree.host(n)))]
             except RegistryError as e:
                 log.warning("orchestrator %s: leaving: %s", self.name, e)
+        elif self._alone and self._started:  # the registry does not answer: it was the last one it saw
+            log.info("orchestrator %s: the last orchestrator leaves, the registry unreachable: stopping the engine "
+                     "hosts it started", self.name)
+            for _, process in self._started.values():
+                process.terminate()
         if hosts:
             log.info("orchestrator %s: the last orchestrator leaves: stopping the engine hosts", self.name)
         for doc in hosts:

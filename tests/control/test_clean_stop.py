@@ -98,14 +98,8 @@ class Cluster:
         self.registry.close()
 
 
-SLOW_HOST = ("with ZooKeeper down an engine host takes 10 s to stop: a watch renewal started when the connection "
-             "dropped holds kazoo's event thread for the registry's 10 s request timeout (ZkRegistry._refresh), "
-             "and ZkRegistry.close waits for it")
-
-
-@pytest.mark.parametrize("zookeeper_down, kinds", [
-    (False, "who"), (True, "wo"), pytest.param(True, "h", marks=pytest.mark.xfail(strict=True, reason=SLOW_HOST))],
-    ids=["zookeeper-up", "zookeeper-down", "zookeeper-down-engine-hosts"])
+@pytest.mark.parametrize("zookeeper_down, kinds", [(False, "who"), (True, "wo"), (True, "h")],
+                         ids=["zookeeper-up", "zookeeper-down", "zookeeper-down-engine-hosts"])
 def test_ctrl_c_and_sigterm_stop_every_cluster_process_cleanly(clusters, zookeeper_down, kinds):
     """``kinds``: the processes checked, by the first letter of their names (worker, orchestrator, host)."""
     got = {name: r for name, r in clusters.stopped(zookeeper_down).items() if name[0] in kinds}
@@ -113,11 +107,6 @@ def test_ctrl_c_and_sigterm_stop_every_cluster_process_cleanly(clusters, zookeep
     assert not bad, f"(exit code, seconds, tracebacks) of those that did not stop cleanly: {bad}; all: {got}"
 
 
-ORPHANS = ("with ZooKeeper down, the last orchestrator leaves the engine hosts it started running: "
-           "Orchestrator.close waits up to 3 s for them to end, and never stops them")
-
-
-@pytest.mark.xfail(strict=True, reason=ORPHANS)
 def test_the_last_orchestrator_stops_the_engine_hosts_it_started_with_zookeeper_down(clusters):
     clusters.stopped(True)
     (code, took, tracebacks), left = clusters.alone, clusters.orphans
