@@ -241,6 +241,7 @@ class Engine:
         else:
             dep = self._replicated(dep_id, query, parallelism, bins, retain, replicas, changes, remote)
             migrator = Migrator(dep.running, self._lock, changes, self.cluster if remote else None)
+            migrator.sides = dep.sides if remote else None
         migrator.on_change = self._reconfigured
         dep.on_fail.append(lambda error: [out.fail(error) for out in dep.logs.values()])
         for out in query.outputs:
@@ -463,8 +464,9 @@ class Engine:
             queries[q]["state"] = "failed" if dep.error is not None else "running"
             if isinstance(dep, ReplicaSet):
                 queries[q]["replication"] = dep.metrics()
-                if any(r["state"] != "running" for r in queries[q]["replication"]["replicas"]):
-                    queries[q]["state"] = "recovering"
+                states = {r["state"] for r in queries[q]["replication"]["replicas"]}
+                if dep.error is None and states != {"running"}:  # a replica rebuilt, or lost for good
+                    queries[q]["state"] = "recovering" if "catching-up" in states else "degraded"
         ims = self.cluster.im_metrics(snaps, counters) if self.cluster is not None else {}
         rates = self._metric_server.sample(counters)
         add_rates(queries, rates)

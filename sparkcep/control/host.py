@@ -41,7 +41,7 @@ from sparkcep.control import tree
 from sparkcep.control.datapath.backup import Backup, replay
 from sparkcep.control.datapath.journal import Journal
 from sparkcep.control.datapath.roles import Roles
-from sparkcep.control.registry import State, open_registry
+from sparkcep.control.registry import RegistryError, State, open_registry
 from sparkcep.errors import EngineError, SparkcepError
 
 log = logging.getLogger("sparkcep")
@@ -133,22 +133,29 @@ class EngineHost:
     def adopt_members(self, names=None) -> None:
         """Use every member not adopted yet (a worker that joined) for the next placements."""
         with self._adopting:
-            names = self.registry.children(tree.MEMBERS) if names is None else names
-            cluster = self.engine.cluster
-            for name in sorted(names):
-                info = self.registry.get(tree.member(name))
-                if not info or cluster.by_name(name) is not None:  # gone, or served already (its node came
-                    continue                                       # back in a new session: the same worker)
-                try:
-                    self.engine.add_instance_manager(info["address"])
-                    self.adopted[name] = info["address"]
-                    log.info("engine host %s: instance manager %s (%s) joined", self.name, name, info["address"])
-                except SparkcepError as e:
-                    log.warning("engine host %s: cannot use member %s at %s: %s [%s]", self.name, name,
-                                info.get("address"), e, e.code)
+            try:
+                self._adopt(self.registry.children(tree.MEMBERS) if names is None else names)
+            except RegistryError as e:  # the registry closed meanwhile (this host stops), or is cut off
+                log.info("engine host %s: members not read now: %s", self.name, e)
+
+    def _adopt(self, names: list[str]) -> None:
+        cluster = self.engine.cluster
+        for name in sorted(names):
+            info = self.registry.get(tree.member(name))
+            if not info or cluster.by_name(name) is not None:  # gone, or served already (its node came back
+                continue                                       # in a new session: the same worker)
+            try:
+                self.engine.add_instance_manager(info["address"])
+                self.adopted[name] = info["address"]
+                log.info("engine host %s: instance manager %s (%s) joined", self.name, name, info["address"])
+            except SparkcepError as e:
+                log.warning("engine host %s: cannot use member %s at %s: %s [%s]", self.name, name,
+                            info.get("address"), e, e.code)
 
     # --- ending ----------------------------------------------------------------------------
     def close(self) -> None:
+        if self._members_watch is not None:
+            self._members_watch.cancel()
         self.roles.close()
         if self.engine.journal is not None:
             self.engine.journal.close()

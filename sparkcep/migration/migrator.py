@@ -39,6 +39,7 @@ class Migrator:
     def __init__(self, replicas, lock, changes: threading.Lock, cluster=None):
         self.replicas, self.lock, self.changes, self.cluster = replicas, lock, changes, cluster
         self.on_change = None  # called with the deployment once a migration changed its layout
+        self.sides: list[set[int]] | None = None  # a replicated deployment's instance managers, per replica
         self.running: dict[str, Watch] = {}  # operator -> its migration under way
         self.reports: deque = deque(maxlen=HISTORY)
         self._busy = threading.Lock()
@@ -70,12 +71,30 @@ class Migrator:
                                   f"moving instance {instance} of {operator!r} (a new generation of query "
                                   f"{dep.query.name!r})")
 
+        moving = self._replicas_on(target)
+
         def run(watch):
-            for d in self.replicas():
+            for d in moving:
                 placement = None if target is None else {**d.assignment, (sq, instance): target}
                 switch(d, self.lock, d.parallelism, placement, watch)
             watch.bins = len(_held(dep, operator, instance))
         return self._run(operator, "move", "state-transfer", run)
+
+    def _replicas_on(self, target: int | None) -> list:
+        """The replicas a move to instance manager ``target`` moves: all of them in one process; of a
+        replicated deployment on instance managers, the one whose side holds ``target`` (or, in no side,
+        the first, whose side then takes it), so replicas never share an instance manager."""
+        if target is None or self.sides is None:
+            return self.replicas()
+        mine = next((r for r, side in enumerate(self.sides) if target in side), None)
+        if mine is None:
+            mine = self.replicas()[0].replica
+            self.sides[mine].add(target)
+        moving = [d for d in self.replicas() if d.replica == mine]
+        if not moving:
+            raise EngineError(f"replica {mine}, whose side holds the instance manager asked for, is not running "
+                              "now (it is being rebuilt): move once it runs", "NO_REPLICA")
+        return moving
 
     def rescale(self, operator: str, instances: int, strategy: str = "batched", batch: int = 16,
                 gap_ms: float = 0.0) -> dict:

@@ -122,8 +122,6 @@ def test_a_replicated_deployment_migrates_moves_and_rescales_under_input(engine)
     assert_same_rows(plain(got), plain(reference("rm", sent)), "migrated, moved and rescaled, with replicas=2")
 
 
-@pytest.mark.xfail(strict=True, reason="Migrator.move places instance `instance` of every replica on `to`: the "
-                                       "replicas then share an instance manager, whose death fails the query")
 def test_a_move_keeps_the_replicas_on_disjoint_instance_managers(engine):
     dep = engine.deploy(query("mx"), parallelism=2, bins=BINS, replicas=2)
     try:
