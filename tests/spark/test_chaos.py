@@ -14,8 +14,9 @@ paused for 10 s (SIGSTOP) and restarted empty.
 Asserted: no client call raised; both outputs equal a run without
 failures (one process, the same input), per window and key: ``spark_q``'s
 as the client collects it, ``client_q``'s as Spark read it — every row
-once (no (partition, offset) twice); after the stop, no process and no
-shared memory of the cluster is left. Printed: the time from each fault until sends were taken
+once (no (partition, offset) twice), both Spark queries having been
+stopped and restarted from their checkpoints after a fail-over midway;
+after the stop, no process and no shared memory of the cluster is left. Printed: the time from each fault until sends were taken
 again, the longest gap between sends, and between outputs.
 """
 
@@ -139,14 +140,20 @@ def test_the_cluster_survives_20_faults_with_no_row_lost_or_doubled(spark, tmp_p
         files.mkdir()
         spark_frames = []
         opts = {"engine": cluster.zk, "tokenFile": str(cluster.token_file)}
-        writer = (spark.readStream.schema("ip STRING, ts TIMESTAMP, bytes BIGINT").option("maxFilesPerTrigger", 1)
-                  .parquet(str(files)).writeStream.format("upmcep").options(**opts).option("stream", "spark_in")
-                  .option("checkpointLocation", str(tmp_path / "ck-w")).start())
-        read_rows: list[pd.DataFrame] = []
-        reader = (spark.readStream.format("upmcep").options(**opts).option("stream", "client_q_out")
-                  .option("includeMetadata", "true").load().writeStream
-                  .foreachBatch(lambda df, _: read_rows.append(df.toPandas()))
-                  .option("checkpointLocation", str(tmp_path / "ck-r")).start())
+        read_rows: dict[int, pd.DataFrame] = {}  # by batch id: a batch Spark replays replaces itself
+
+        def start_writer():
+            return (spark.readStream.schema("ip STRING, ts TIMESTAMP, bytes BIGINT").option("maxFilesPerTrigger", 1)
+                    .parquet(str(files)).writeStream.format("upmcep").options(**opts).option("stream", "spark_in")
+                    .option("checkpointLocation", str(tmp_path / "ck-w")).start())
+
+        def start_reader():
+            return (spark.readStream.format("upmcep").options(**opts).option("stream", "client_q_out")
+                    .option("includeMetadata", "true").load().writeStream
+                    .foreachBatch(lambda df, batch: read_rows.__setitem__(batch, df.toPandas()))
+                    .option("checkpointLocation", str(tmp_path / "ck-r")).start())
+        writer, reader = start_writer(), start_reader()
+        restarted = False
 
         def drop_files():  # file k holds the event times of its own 100 ms
             while not feed.stop.is_set():
@@ -183,6 +190,11 @@ def test_the_cluster_survives_20_faults_with_no_row_lost_or_doubled(spark, tmp_p
                                                  for r in engine.deployment(q).replicas())):
                 assert time.monotonic() - waited < 90, f"the cluster is not whole again 90 s after {what}"
                 time.sleep(0.2)
+            if kind == "primary" and len(recovery) > len(faults) // 3 and not restarted:
+                writer.stop()  # both Spark queries restarted from their checkpoints after a fail-over
+                reader.stop()
+                writer, reader, restarted = start_writer(), start_reader(), True
+                print("the Spark queries restarted from their checkpoints", flush=True)
 
         feed.stop.set()
         feed.thread.join(120)
@@ -210,7 +222,8 @@ def test_the_cluster_survives_20_faults_with_no_row_lost_or_doubled(spark, tmp_p
         assert not feed.errors, feed.errors[:3]
         assert len(kills) >= 20
         sent = len(feed.taken) + len(feed.errors)
-        read = pd.concat(read_rows, ignore_index=True)  # Spark committed them: the engine released them
+        assert restarted
+        read = pd.concat(read_rows.values(), ignore_index=True)  # Spark committed them: the engine released them
         assert not read.duplicated(["_partition", "_offset"]).any(), "Spark read a row twice"
         pd.testing.assert_frame_equal(canonical(read), reference(client_q, "client_in",
                                                                  [events(i) for i in range(sent)]))
