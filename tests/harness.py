@@ -7,6 +7,7 @@ values; timestamps are int microseconds on both sides of a comparison.
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass
 
 import pandas as pd
@@ -85,3 +86,12 @@ def run(query: cep.Query, sends, parallelism=1, end=True, bins: int = 128, schem
 def stamped(query: cep.Query, sends):
     """The reference's view of ``sends`` into ``query``'s sources."""
     return stamp(sends, {n: s.time_field for n, s in query.sources.items()})
+
+
+def wait(look, what: str, timeout: float = 60.0, every: float = 0.05):
+    """``look()``'s first truthy value, asked every ``every`` s; AssertionError naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not (value := look()):
+        assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
+        time.sleep(every)
+    return value

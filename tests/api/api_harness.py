@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,10 +64,3 @@ def stop(processes: list[subprocess.Popen]) -> None:
         if p.stdout is not None:
             p.stdout.close()
 
-
-def wait(predicate, what: str, timeout: float = 60):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-    return value

@@ -18,7 +18,8 @@ import subprocess
 import uuid
 
 import pytest
-from api_harness import KINDS, Api, start, start_workers, stop, wait
+from api_harness import KINDS, Api, start, start_workers, stop
+from harness import wait
 
 import sparkcep as cep
 from sparkcep import auth

@@ -28,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+from harness import wait
 from zk_harness import ROOT
 
 from sparkcep import auth
@@ -171,11 +172,3 @@ class Cluster:
         out = subprocess.run(["ps", "-eo", "pid,stat,args"], capture_output=True, text=True).stdout.splitlines()
         return [line.strip() for line in out if self.zk in line and " Z" not in line.split(None, 2)[1:2][0:1]]
 
-
-def wait(look, what: str, timeout: float = 30.0):
-    """``look()``'s first truthy value, asked every 50 ms for up to ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while not (value := look()):
-        assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s"
-        time.sleep(0.05)
-    return value

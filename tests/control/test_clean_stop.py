@@ -26,19 +26,12 @@ from sparkcep.control import tree
 from sparkcep.control.registry import State, ZkRegistry
 from sparkcep.control.zookeeper import ZooKeeperServer
 from sparkcep.runtime.cluster import Starting, wait_ready
+from harness import wait
 
 STOP_S = 5.0
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, *sys.path]))
 SIGNALS = {"h1": signal.SIGINT, "h2": signal.SIGTERM, "h3": signal.SIGTERM, "w1": signal.SIGINT,
            "w2": signal.SIGTERM, "o2": signal.SIGINT, "o1": signal.SIGTERM}
-
-
-def wait(look, what: str, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while not (value := look()):
-        assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s"
-        time.sleep(0.05)
-    return value
 
 
 class Cluster:

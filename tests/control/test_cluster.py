@@ -34,6 +34,7 @@ from sparkcep.control import tree
 from sparkcep.control.registry import ZkRegistry
 from sparkcep.control.registry.nodes import LEASES
 from sparkcep.runtime.cluster import Starting, wait_ready
+from harness import wait
 
 TIMEOUT_S = 60
 # The standby leads once the leader's session expired: the 2 s session timeout, then up to one tick of the
@@ -89,14 +90,6 @@ def reference(q: cep.Query, batches) -> pa.Table:
             e.send(next(iter(q.sources)), b)
         e.end(next(iter(q.sources)))
         return e.collect(next(iter(q.outputs)))
-
-
-def wait(predicate, what: str, timeout: float = TIMEOUT_S):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return value
 
 
 @pytest.fixture(scope="module")

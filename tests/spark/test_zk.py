@@ -15,7 +15,6 @@ import pickle
 import signal
 import subprocess
 import sys
-import time
 import uuid
 
 import pytest
@@ -27,6 +26,7 @@ from sparkcep.control.registry import ZkRegistry
 from sparkcep.spark import connection
 from sparkcep.spark.connection import Target, call, target_of
 from sparkcep.spark.options import SparkSourceError
+from harness import wait
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -39,14 +39,6 @@ def cluster(zookeeper, tmp_path):
     registry = ZkRegistry(zookeeper, root, session_timeout=2.0)
     yield f"zk://{zookeeper}{root}", registry, token_file
     registry.close()
-
-
-def wait(predicate, what: str, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
-        time.sleep(0.1)
-    return value
 
 
 def test_a_cluster_target_needs_the_token_file():
