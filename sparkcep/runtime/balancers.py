@@ -16,8 +16,7 @@ from abc import ABC, abstractmethod
 import pyarrow as pa
 
 from sparkcep.core import columns
-from sparkcep.core.hashing import key_bins
-from sparkcep.core.table import group_rows
+from sparkcep.core.partition import destinations, partition
 from sparkcep.query.planner import BROADCAST, POINT_TO_POINT, ROUND_ROBIN, ROUTE_KEY, Edge
 from sparkcep.runtime.bins import BinTable
 from sparkcep.runtime.channels import Configure, Control, Producer
@@ -69,12 +68,8 @@ class RouteKey(Balancer):
         self.keys, self.table = keys, table
 
     def split(self, batch):
-        target = self.table.instances_of(key_bins(*columns.encode_keys(batch, self.keys), self.table.bins))
-        if (target == target[0]).all():
-            return [(int(target[0]), batch)]
-        order, bounds = group_rows(target, self.instances)
-        return [(i, columns.take(batch, order[bounds[i]:bounds[i + 1]]))
-                for i in range(self.instances) if bounds[i + 1] > bounds[i]]
+        order, starts = destinations(*columns.encode_keys(batch, self.keys), self.table.owners, self.instances)
+        return [(i, part) for i, part in enumerate(partition(batch, order, starts)) if part is not None]
 
 
 def balancer_for(edge: Edge, instances: int, tables: dict[str, BinTable]) -> Balancer:

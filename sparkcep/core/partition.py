@@ -1,0 +1,130 @@
+"""Cut a batch by destination: each row's instance from its key, then every column gathered in
+destination order, one numba pass a column.
+
+What the route-key balancer does to every row it sends on. Grouping rows
+first and then taking each destination's rows with Arrow (``pc.take`` per
+destination, every column) cost 36 ns a HiBench row on two destinations;
+gathering each column once with these kernels, 12 ns. Each destination's
+part is built from zero-copy slices of the gathered buffers, with string
+offsets starting at 0 in every part (the IPC writer then copies them as they
+are), and shares no memory with the batch it came from.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from numba import njit
+
+from sparkcep.core.hashing import hash_key
+from sparkcep.core.memory import load8, store8
+
+WORD = 8  # string bytes are copied a word at a time; outputs carry this much slack
+
+
+@njit(nogil=True, cache=True)
+def destinations(offsets, data, owners, parts):
+    """Rows grouped by the owner of their key's bin (``owners[hash & (len(owners) - 1)]``, a power of
+    two of bins), in row order within a part: (row order, start of each of ``parts`` parts + end)."""
+    n = len(offsets) - 1
+    mask = np.uint64(len(owners) - 1)
+    dest = np.empty(n, np.int64)
+    starts = np.zeros(parts + 1, np.int64)
+    for i in range(n):
+        h = hash_key(data, np.int64(offsets[i]), np.int64(offsets[i + 1]))[0]
+        d = owners[np.int64(h & mask)]
+        dest[i] = d
+        starts[d + 1] += 1
+    for p in range(parts):
+        starts[p + 1] += starts[p]
+    fill = starts[:-1].copy()
+    order = np.empty(n, np.int64)
+    for i in range(n):
+        d = dest[i]
+        order[fill[d]] = i
+        fill[d] += 1
+    return order, starts
+
+
+@njit(nogil=True, cache=True)
+def gather(values, order):
+    """``values[order]``: one fixed-width column in destination order."""
+    out = np.empty(len(order), values.dtype)
+    for j in range(len(order)):
+        out[j] = values[order[j]]
+    return out
+
+
+@njit(nogil=True, cache=True)
+def gather_strings(offsets, data, order, starts):
+    """Strings ``order`` as one offsets array per part, each starting at 0 (part ``p``'s offsets are
+    ``out_offsets[starts[p] + p : starts[p + 1] + p + 1]``), and their bytes: (out_offsets, bytes,
+    byte start of each part + end). ``bytes`` has :data:`WORD` bytes of slack past the end."""
+    parts = len(starts) - 1
+    out_off = np.empty(len(order) + parts, offsets.dtype)
+    at = np.zeros(parts + 1, np.int64)
+    total = 0
+    for p in range(parts):
+        q = starts[p] + p
+        out_off[q] = 0
+        for j in range(starts[p], starts[p + 1]):
+            r = order[j]
+            q += 1
+            out_off[q] = out_off[q - 1] + (offsets[r + 1] - offsets[r])
+        total += out_off[q]
+        at[p + 1] = total
+    out = np.empty(total + WORD, np.uint8)
+    last = len(data) - WORD  # a word may be loaded at or before this offset
+    d = 0
+    for j in range(len(order)):
+        r = order[j]
+        s, e = np.int64(offsets[r]), np.int64(offsets[r + 1])
+        k = 0
+        while s + k < e:
+            if s + k <= last:
+                store8(out, d + k, load8(data, s + k))
+                k += WORD
+            else:
+                out[d + k] = data[s + k]
+                k += 1
+        d += e - s
+    return out_off, out, at
+
+
+_FIXED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}  # gathered by width, whatever the type
+
+
+def partition(batch: pa.RecordBatch, order: np.ndarray, starts: np.ndarray) -> list[pa.RecordBatch | None]:
+    """Part ``p`` of ``batch``: its rows ``order[starts[p]:starts[p + 1]]`` (None when that is no row),
+    in buffers of their own.
+
+    Fixed-width and string columns without nulls go through the kernels; any
+    other column (nulls, bools, large strings) is taken by Arrow.
+    """
+    parts = len(starts) - 1
+    cols: list[list[pa.Array]] = [[] for _ in range(parts)]
+    for arr in batch.columns:
+        t = arr.type
+        width = t.bit_width // 8 if pa.types.is_primitive(t) and not pa.types.is_boolean(t) else 0
+        if arr.null_count == 0 and width in _FIXED:
+            values = np.frombuffer(arr.buffers()[1], _FIXED[width], len(arr), arr.offset * width)
+            out = gather(values, order)
+            for p in range(parts):
+                cols[p].append(pa.Array.from_buffers(t, int(starts[p + 1] - starts[p]),
+                                                     [None, pa.py_buffer(out[starts[p]:starts[p + 1]])]))
+        elif arr.null_count == 0 and (pa.types.is_string(t) or pa.types.is_binary(t)):
+            _, off_buf, data_buf = arr.buffers()
+            offsets = np.frombuffer(off_buf, np.int32, len(arr) + 1, arr.offset * 4)
+            data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+            out_off, out, at = gather_strings(offsets, data, order, starts)
+            for p in range(parts):
+                lo, hi = starts[p], starts[p + 1]
+                cols[p].append(pa.Array.from_buffers(t, int(hi - lo), [None, pa.py_buffer(out_off[lo + p:hi + p + 1]),
+                                                                       pa.py_buffer(out[at[p]:at[p + 1]])]))
+        else:
+            taken = pc.take(arr, pa.array(order, pa.int64()), boundscheck=False)
+            for p in range(parts):
+                cols[p].append(taken.slice(starts[p], starts[p + 1] - starts[p]))
+    return [pa.RecordBatch.from_arrays(cols[p], schema=batch.schema) if starts[p + 1] > starts[p] else None
+            for p in range(parts)]
