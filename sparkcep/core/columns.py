@@ -34,6 +34,11 @@ def take(data, rows: np.ndarray):
     return pc.take(data, pa.array(rows, pa.int64()), boundscheck=False)
 
 
+def owned(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A copy of ``batch`` in memory of its own (it may point into a ring that is about to be reused)."""
+    return pa.ipc.read_record_batch(batch.serialize(), batch.schema)
+
+
 def values(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """(values, valid) of a numeric / bool / timestamp array; nulls hold 0 in values."""
     if pa.types.is_timestamp(arr.type):

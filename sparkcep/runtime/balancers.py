@@ -26,6 +26,9 @@ MIN_SLICE_ROWS = 2_048  # and of at least this many: smaller ones cost more per 
 
 
 class Balancer(ABC):
+    #: its parts never share memory with the batch they come from
+    copies = False
+
     def __init__(self, instances: int):
         self.instances = instances
 
@@ -63,6 +66,8 @@ class RouteKey(Balancer):
     """Routes each row to the owner of its key's bin in ``table`` (shared with the router's other
     edges into the same operator, and changed by Configure records)."""
 
+    copies = True
+
     def __init__(self, keys: list[str], table: BinTable):
         super().__init__(table.instances)
         self.keys, self.table = keys, table
@@ -98,20 +103,27 @@ class Router:
         self.tables = tables
         self.routes: dict[str, list] = {}
         for name, rs in routes.items():
-            self.routes[name] = [(port, None if edge is None else balancer_for(edge, len(targets), tables),
-                                  [channels[t] for t in targets]) for port, edge, targets in rs]
+            self.routes[name] = []
+            for port, edge, ends in rs:
+                balancer = None if edge is None else balancer_for(edge, len(ends), tables)
+                targets = [channels[t] for t in ends]
+                copy = [t.keeps_batches and not (balancer is not None and balancer.copies) for t in targets]
+                self.routes[name].append((port, balancer, targets, copy))
         self.channels = list({id(c): c for c in channels.values()}.values())
 
     def send(self, name: str, batch: pa.RecordBatch, stamp: tuple[int, int, int]) -> None:
-        """Route ``batch`` leaving operator ``name``; ``stamp``: (epoch, frontier, arrival ns)."""
-        for port, balancer, targets in self.routes.get(name, ()):
+        """Route ``batch`` leaving operator ``name``; ``stamp``: (epoch, frontier, arrival ns).
+
+        A part bound for a channel that keeps batches is copied unless its balancer made it afresh.
+        """
+        for port, balancer, targets, copy in self.routes.get(name, ()):
             if balancer is None:  # a query output: the engine's sink reads no event times
-                targets[0].send_data(port, stamp, batch.drop_columns([c for c in (columns.TS, columns.WM)
-                                                                      if c in batch.schema.names]))
+                parts = [(0, batch.drop_columns([c for c in (columns.TS, columns.WM) if c in batch.schema.names]))]
             else:
-                for i, part in balancer.split(batch):
-                    if part.num_rows:
-                        targets[i].send_data(port, stamp, part)
+                parts = balancer.split(batch)
+            for i, part in parts:
+                if part.num_rows:
+                    targets[i].send_data(port, stamp, columns.owned(part) if copy[i] else part)
 
     def progress(self, epoch: int, frontier: int, watermark: int, arrival: int) -> None:
         """Tell every consumer that ``epoch`` is complete."""
