@@ -27,6 +27,9 @@ from sparkcep.schema import TYPES, Schema
 
 (COUNT_ALL, COUNT, SUM_I, SUM_F, MIN_I, MAX_I, MIN_F, MAX_F, MIN_S, MAX_S,
  FIRST, LAST, FIRST_S, LAST_S) = range(14)
+# whose result does not depend on the order rows come in: integer sums wrap around, equal strings
+# are the same bytes (float sums round, float min/max see -0.0 and NaN, first/last break ties by order)
+ORDER_FREE = (COUNT_ALL, COUNT, SUM_I, MIN_I, MAX_I, MIN_S, MAX_S)
 # int slots / float slots each opcode owns
 SLOTS = {COUNT_ALL: (1, 0), COUNT: (1, 0), SUM_I: (2, 0), SUM_F: (1, 1), MIN_I: (2, 0), MAX_I: (2, 0),
          MIN_F: (1, 1), MAX_F: (1, 1), MIN_S: (3, 0), MAX_S: (3, 0), FIRST: (4, 0), LAST: (4, 0),
@@ -334,6 +337,7 @@ class Program:
                             for i in range(len(self.fields))]
         self.reads_floats = any(op in (SUM_F, MIN_F, MAX_F) for op in ops)
         self.reads_strings = any(self.string_uses)
+        self.order_free = all(op in ORDER_FREE for op in ops)
 
     def inputs(self, batch: pa.RecordBatch):
         """(vals_i, vals_f, valid, soff, slen, sdata, rowstr): the value columns as kernel arrays.
@@ -441,6 +445,9 @@ class WindowAggregate:
         self.late = 0
         self.late_rows = np.empty(0, np.int64)  # rows of the last batch added that were late
         self.lowest_start = None  # no open window starts before this (time windows)
+        # rows may be added in any order: the windows come out the same (the largest sequence
+        # number of a window, its output __seq, is a maximum too)
+        self.order_free = not self.tuple_window and self.program.order_free
 
     def route(self, batch: pa.RecordBatch):
         """(hashes, key words, key offsets, key bytes, bins) of a batch: the kernels' ``K``."""
@@ -452,7 +459,8 @@ class WindowAggregate:
         return h, w0, w1, koff, kdata, bin_ids(h, self.bins)
 
     def add(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
-        """Add a batch sorted by (sequence number, id); returns the tuple windows it filled."""
+        """Add a batch sorted by (sequence number, id) (in any order when :attr:`order_free`); returns
+        the tuple windows it filled."""
         n = batch.num_rows
         if n == 0:
             return []
