@@ -24,6 +24,7 @@ from sparkcep.core.binstate import BinState, Progress, checked_bins, later_step
 from sparkcep.core.evaluate import evaluate, to_arrow
 from sparkcep.core.hashing import derive_ids, key_bins, operator_salt
 from sparkcep.core.join import WindowJoin
+from sparkcep.core.partition import select
 from sparkcep.core.running import RunningAggregate
 from sparkcep.errors import QueryError
 from sparkcep.query import operators as logical
@@ -84,7 +85,7 @@ class FilterOp(PhysicalOperator):
         keep = value & valid
         if keep.all():
             return [batch]
-        return [batch.filter(pa.array(keep))] if keep.any() else []
+        return [select(batch, np.flatnonzero(keep))] if keep.any() else []
 
 
 class UnionOp(PhysicalOperator):
