@@ -39,7 +39,7 @@ HEADER_BYTES = 512
 _W, _R, _READER_SLEEPS, _WRITER_SLEEPS = 0, 8, 16, 24  # int64 slots, one cache line each
 _CAP, _WRITER_PID, _READER_PID = 32, 33, 34
 _READER_BELL, _WRITER_BELL, _BELL_BYTES = 320, 416, 96  # byte offsets of the doorbell paths
-DEFAULT_CAPACITY = 16 << 20  # a message takes up to ~1/2 of it: ~40K HiBench records, so per-message costs stay small
+DEFAULT_CAPACITY = 16 << 20  # a message takes up to ~1/2 of it: ~36K HiBench records, so per-message costs stay small
 CONTROL_RESERVE = 4096  # bytes of every ring that data never takes (progress and aborts always fit)
 PEER_CHECK_S = 0.2  # an idle consumer looks at most this often whether its producer still lives
 
@@ -249,8 +249,8 @@ class RingProducer(Producer):
             self._put(rec.SCHEMA, rec.SCHEMA_HEAD.pack(port, body.size), body, body.size, None)
         limit = self.ring.max_record - 4096
         size = pa.ipc.get_record_batch_size(batch)  # a tenth of batch.nbytes' cost
-        if size > limit // 2 and batch.num_rows > 1:  # cut into slices that fit a record
-            rows = max(1, int(batch.num_rows * (limit // 2) / size))
+        if size > limit and batch.num_rows > 1:  # cut into slices that fit a record
+            rows = max(1, int(batch.num_rows * limit / size))
             for start in range(0, batch.num_rows, rows):
                 part = batch.slice(start, rows)
                 self._send_batch(port, stamp, part, limit, pa.ipc.get_record_batch_size(part))
