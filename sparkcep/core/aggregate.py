@@ -17,7 +17,7 @@ import pyarrow as pa
 from numba import njit
 
 from sparkcep.core import columns
-from sparkcep.core.hashing import bin_ids, derive_ids, gather_binned, hash_rows, hash_words, operator_salt
+from sparkcep.core.hashing import derive_ids, gather_binned, hash_rows, key_hashes, operator_salt
 from sparkcep.core.strings import compare_bytes
 from sparkcep.core.table import (ACC, ARENA_USED, AUX, COUNTER, WSTART, BinnedTable, TableBins, find_slot,
                                   key_bytes, lookup, place, room, slot_hash, touch)
@@ -133,6 +133,17 @@ def _put_string(acc_i, arena, meta, b, e, si, sdata, s0, n):
     meta[b, ARENA_USED] = o + n
     acc_i[b, e, si] = o
     acc_i[b, e, si + 1] = n
+
+
+_NO_BYTES = np.zeros(1, np.uint8)  # the string bytes of a batch no function reads strings of
+_ZEROS = [np.zeros(1 << 16, np.int64)]  # grown on demand: read-only to every kernel
+
+
+def _zeros(n: int) -> np.ndarray:
+    """``n`` int64 zeros (arena bytes a row appends, when no function appends any)."""
+    if len(_ZEROS[0]) < n:
+        _ZEROS[0] = np.zeros(n, np.int64)
+    return _ZEROS[0][:n]
 
 
 FIRE_ROWS = 32_768  # a fire yields batches of about this many rows
@@ -337,6 +348,8 @@ class Program:
                             for i in range(len(self.fields))]
         self.reads_floats = any(op in (SUM_F, MIN_F, MAX_F) for op in ops)
         self.reads_strings = any(self.string_uses)
+        k = max(1, len(self.fields))
+        self._no_floats, self._no_strings = np.zeros((k, 0), np.float64), np.zeros((k, 0), np.int64)
         self.order_free = all(op in ORDER_FREE for op in ops)
 
     def inputs(self, batch: pa.RecordBatch):
@@ -344,19 +357,22 @@ class Program:
 
         Float and string views have no rows when no function reads them: at
         tens of thousands of rows a batch, filling them cost more than some
-        kernels.
+        kernels. What does not depend on the batch is made once.
         """
         n, k = batch.num_rows, max(1, len(self.fields))
-        vals_i = np.zeros((k, n), np.int64)
-        vals_f = np.zeros((k, n if self.reads_floats else 0), np.float64)
+        vals_i = np.zeros((k, n), np.int64) if not self.fields else np.empty((k, n), np.int64)
+        vals_f = np.zeros((k, n), np.float64) if self.reads_floats else self._no_floats
         valid = np.ones((k, n), np.bool_)
-        soff = np.zeros((k, n if self.reads_strings else 0), np.int64)
-        slen = np.zeros((k, n if self.reads_strings else 0), np.int64)
-        rowstr = np.zeros(n, np.int64)
+        if self.reads_strings:
+            soff, slen, rowstr = np.zeros((k, n), np.int64), np.zeros((k, n), np.int64), np.zeros(n, np.int64)
+        else:
+            soff = slen = self._no_strings
+            rowstr = _zeros(n)
         datas, base = [], 0
         for c, f in enumerate(self.fields):
             arr = batch.column(f)
             if self.schema.fields[f] == "string":
+                vals_i[c] = 0
                 off, data, valid[c] = columns.strings(arr)
                 if not self.string_uses[c]:
                     continue
@@ -367,11 +383,14 @@ class Program:
                 datas.append(data[off[0]:off[-1]])
                 base += int(off[-1] - off[0])
             else:
-                v, valid[c] = columns.values(arr)
+                if arr.null_count:
+                    v, valid[c] = columns.values(arr)
+                else:
+                    v = (arr.view(pa.int64()) if pa.types.is_timestamp(arr.type) else arr).to_numpy(zero_copy_only=False)
                 vals_i[c] = v.astype(np.float64).view(np.int64) if v.dtype.kind == "f" else v  # first/last: bits
                 if self.reads_floats:  # sums and min/max of floats; avg of an int column sums it as float
                     vals_f[c] = v
-        sdata = np.concatenate(datas) if datas else np.zeros(1, np.uint8)
+        sdata = np.concatenate(datas) if datas else _NO_BYTES
         return vals_i, vals_f, valid, soff, slen, sdata, rowstr
 
     def kernel_args(self):
@@ -455,8 +474,8 @@ class WindowAggregate:
             koff, kdata = columns.encode_keys(batch, self.by)
         else:
             koff, kdata = np.zeros(batch.num_rows + 1, np.int64), np.zeros(1, np.uint8)
-        h, w0, w1 = hash_words(koff, kdata)
-        return h, w0, w1, koff, kdata, bin_ids(h, self.bins)
+        h, w0, w1, b = key_hashes(koff, kdata, self.bins)
+        return h, w0, w1, koff, kdata, b
 
     def add(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
         """Add a batch sorted by (sequence number, id) (in any order when :attr:`order_free`); returns
@@ -488,8 +507,8 @@ class WindowAggregate:
             return out
         nwin = (w.size_us + w.advance_us - 1) // w.advance_us
         miss_r, miss_s = np.empty(n * nwin, np.int64), np.empty(n * nwin, np.int64)
-        if rowstr.any():  # pass 1 does not check room: a string min/max/first/last may append its value at every hit
-            self.table.reserve(K[5], rowstr * nwin)
+        if self.program.reads_strings and rowstr.any():  # pass 1 does not check room: a string
+            self.table.reserve(K[5], rowstr * nwin)        # min/max/first/last may append its value at every hit
         late_rows = np.empty(n, np.int64)
         m, late = accumulate_time(K, ts, wm, seq, w.size_us, w.advance_us, w.lateness_us, P, V,
                                   self.table.kernel_state(), miss_r, miss_s, late_rows)
