@@ -15,6 +15,7 @@ import time
 from collections import deque
 
 import numpy as np
+from numba import njit
 
 # latency histogram: bucket b holds values in [2**(b/SUB), 2**((b+1)/SUB)) microseconds
 SUB = 4
@@ -100,13 +101,29 @@ class EpochClock:
         return (now_ns - self.arrival[i]) // 1000
 
 
-def record_latency(hist: Histogram, clock: EpochClock, seq: np.ndarray, now_ns: int, sample: int = 512) -> None:
-    """Add the latencies of rows with sequence numbers ``seq`` (sampled when there are many)."""
+def record_latency(hist: Histogram, clock: EpochClock, seq: np.ndarray, now_ns: int, sample: int = 64) -> None:
+    """Add the latencies of rows with sequence numbers ``seq`` (sampled when there are many).
+
+    One kernel call over at most about ``sample`` rows: with numpy's log2, clip and bincount over
+    512 it took 10-15 us a batch, on every batch an instance sends.
+    """
     n = len(seq)
-    if not n:
-        return
-    step = max(1, n // sample)
-    hist.add(clock.latency_us(seq[::step], now_ns), step)
+    if n and clock.n:
+        _record(hist.counts, clock.frontier, clock.arrival, clock.n, seq, max(1, n // sample), now_ns)
+
+
+@njit(nogil=True, cache=True)
+def _record(counts, frontier, arrival, epochs, seq, step, now_ns):
+    """:meth:`Histogram.add` of :meth:`EpochClock.latency_us` of every ``step``-th of ``seq``, each
+    weighing ``step``."""
+    last = len(counts) - 1
+    e = -1
+    for i in range(0, len(seq), step):
+        s = seq[i]
+        if e < 0 or s > frontier[e] or (e > 0 and s <= frontier[e - 1]):  # rows of a batch share epochs
+            e = min(np.searchsorted(frontier[:epochs], s), epochs - 1)
+        us = max((now_ns - arrival[e]) // 1000, 1)
+        counts[min(max(np.int64(np.log2(us) * SUB), 0), last)] += step
 
 
 class Counters:
