@@ -17,10 +17,10 @@ import pyarrow as pa
 from numba import njit
 
 from sparkcep.core import columns
-from sparkcep.core.hashing import derive_ids, gather_binned, hash_rows, key_hashes, operator_salt
+from sparkcep.core.hashing import fold, gather_binned, key_hashes, operator_salt
 from sparkcep.core.strings import compare_bytes
-from sparkcep.core.table import (ACC, ARENA_USED, AUX, COUNTER, WSTART, BinnedTable, TableBins, find_slot,
-                                  key_bytes, lookup, place, room, slot_hash, touch)
+from sparkcep.core.table import (ACC, ARENA_USED, AUX, COUNTER, K0, K1, KEY, WSTART, BinnedTable, TableBins,
+                                  find_slot, key_bytes, lookup, place, room, slot_hash, stored_hash, touch)
 from sparkcep.query.aggregates import AggFunc
 from sparkcep.query.windows import TupleWindow
 from sparkcep.schema import TYPES, Schema
@@ -316,6 +316,20 @@ def accumulate_tuples(pos, K, ts, wm, seq, size, adv, rowstr, P, V, T, ready_b, 
     return n
 
 
+@njit(nogil=True, cache=True)
+def window_ids(salt, rows, arena, bins):
+    """Output ids of the window entries taken out of ``bins`` as ``rows``: ``salt`` folded with the
+    window start, then the key's hash (:mod:`sparkcep.core.ids`), the hash from the stored key words
+    (the arena's bytes past 16). Hashing the keys' bytes again and stacking the parts for
+    :func:`~sparkcep.core.hashing.derive_ids` took a quarter of a 31K-row fire."""
+    n = rows.shape[1]
+    out = np.empty(n, np.int64)
+    for j in range(n):
+        h = stored_hash(rows[KEY, j], rows[K0, j], rows[K1, j], arena[bins[j]])
+        out[j] = np.int64(fold(fold(salt, rows[WSTART, j]), h))
+    return out
+
+
 class Program:
     """The opcodes, value columns and slots of an aggregate's functions.
 
@@ -564,7 +578,7 @@ class WindowAggregate:
         if self.by:
             cols += columns.decode_keys(koff, kdata, self.key_fields)
         cols += self.program.results(rows, self.table.arena, b)
-        ids = derive_ids(self.salt, starts, hash_rows(koff, kdata))
+        ids = window_ids(self.salt, rows, self.table.arena, b)
         cols += [pa.array(rows[AUX], pa.int64()), pa.array(ids), pa.array(ts, pa.int64()), pa.array(wm, pa.int64())]
         return [pa.RecordBatch.from_arrays(cols, names=self.out_schema.names + list(columns.HIDDEN))]
 
