@@ -101,6 +101,14 @@ def gather_strings(offsets, data, order, starts):
 _FIXED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}  # gathered by width, whatever the type
 
 
+def _read_only(a: np.ndarray) -> np.ndarray:
+    """``a`` marked read-only, whoever owns its buffer: numba types read-only arrays apart, so a
+    batch read from a channel and one made here would compile the kernels twice (and a tuple of both
+    kinds does not compile at all)."""
+    a.flags.writeable = False
+    return a
+
+
 def partition(batch: pa.RecordBatch, order: np.ndarray, starts: np.ndarray) -> list[pa.RecordBatch | None]:
     """Part ``p`` of ``batch``: its rows ``order[starts[p]:starts[p + 1]]`` (None when that is no row),
     in buffers of their own.
@@ -116,12 +124,12 @@ def partition(batch: pa.RecordBatch, order: np.ndarray, starts: np.ndarray) -> l
         t = arr.type
         width = t.bit_width // 8 if pa.types.is_primitive(t) and not pa.types.is_boolean(t) else 0
         if arr.null_count == 0 and width in _FIXED:
-            values = np.frombuffer(arr.buffers()[1], _FIXED[width], len(arr), arr.offset * width)
+            values = _read_only(np.frombuffer(arr.buffers()[1], _FIXED[width], len(arr), arr.offset * width))
             fixed.setdefault(width, []).append((i, values))
         elif arr.null_count == 0 and (pa.types.is_string(t) or pa.types.is_binary(t)):
             _, off_buf, data_buf = arr.buffers()
-            offsets = np.frombuffer(off_buf, np.int32, len(arr) + 1, arr.offset * 4)
-            data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+            offsets = _read_only(np.frombuffer(off_buf, np.int32, len(arr) + 1, arr.offset * 4))
+            data = _read_only(np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8))
             out_off, out, at = gather_strings(offsets, data, order, starts)
             for p in range(parts):
                 lo, hi = starts[p] + p, starts[p + 1] + p + 1

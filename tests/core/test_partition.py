@@ -63,3 +63,14 @@ def test_route_key_sends_every_row_once(n):
     batch = mixed_batch(n)
     split = RouteKey(["k", "g"], BinTable("agg", BINS, 3)).split(batch)
     assert sorted(v for _, part in split for v in part.column("v").to_pylist()) == batch.column("v").to_pylist()
+
+
+def test_columns_of_read_only_and_writable_buffers_go_together():
+    """A batch read from a channel has read-only buffers, one the engine stamped writable ones: the
+    gather of their fixed-width columns takes both at once."""
+    batch = mixed_batch(100)
+    sent = pa.ipc.read_record_batch(pa.py_buffer(batch.serialize().to_pybytes()), batch.schema)  # read-only
+    mixed = pa.RecordBatch.from_arrays([sent.column(i) if i % 2 else batch.column(i) for i in range(batch.num_columns)],
+                                       schema=batch.schema)
+    split = RouteKey(["k"], BinTable("agg", BINS, 2)).split(mixed)
+    assert sorted(v for _, part in split for v in part.column("v").to_pylist()) == list(range(100))
