@@ -87,8 +87,10 @@ class Doorbell:
             pass  # full (a wake-up is pending anyway) or the owner is gone
 
     def drain(self) -> None:
+        """Empty the FIFO: one read, unless it came back full (a second read that finds it empty
+        raised BlockingIOError on every wake-up)."""
         try:
-            while os.read(self.fileno(), 4096):
+            while len(os.read(self.fileno(), 4096)) == 4096:
                 pass
         except BlockingIOError:
             pass
