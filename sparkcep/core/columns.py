@@ -25,8 +25,8 @@ def stamp(batch: pa.RecordBatch, first_seq: int, time_field: str | None, waterma
     the source's ``watermark`` from before the batch on every row.
 
     One ``from_arrays`` with a schema made once per input schema, the event times a view of the
-    time field's buffer, the ids a slice of one array of zeros: four ``append_column`` calls and a
-    cast cost 30 us a send.
+    time field's buffer, the ids a slice of one array of zeros (four ``append_column`` calls and a
+    cast: 25 us a 100-row send, this 16).
     """
     n = batch.num_rows
     seq = pa.array(np.arange(first_seq, first_seq + n, dtype=np.int64))

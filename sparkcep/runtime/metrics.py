@@ -30,10 +30,6 @@ class Histogram:
     def __init__(self, counts=None):
         self.counts = np.zeros(BUCKETS, np.int64) if counts is None else np.asarray(counts, np.int64)
 
-    def add(self, us: np.ndarray, weight: int = 1) -> None:
-        b = np.clip((np.log2(np.maximum(us, 1)) * SUB).astype(np.int64), 0, BUCKETS - 1)
-        self.counts += np.bincount(b, minlength=BUCKETS) * weight
-
     def merge(self, other: "Histogram") -> None:
         self.counts += other.counts
 
@@ -94,15 +90,10 @@ class EpochClock:
         i = int(np.searchsorted(self.epochs[:self.n], epoch))
         return int(self.arrival[i]) if i < self.n and self.epochs[i] == epoch else None
 
-    def latency_us(self, seq: np.ndarray, now_ns: int) -> np.ndarray:
-        if not self.n:
-            return np.zeros(0, np.int64)
-        i = np.minimum(np.searchsorted(self.frontier[:self.n], seq), self.n - 1)
-        return (now_ns - self.arrival[i]) // 1000
-
 
 def record_latency(hist: Histogram, clock: EpochClock, seq: np.ndarray, now_ns: int, sample: int = 64) -> None:
-    """Add the latencies of rows with sequence numbers ``seq`` (sampled when there are many).
+    """Add to ``hist`` the latencies (from the arrival of their epoch, by ``clock``, to ``now_ns``) of
+    rows with sequence numbers ``seq``, sampled when there are many.
 
     One kernel call over at most about ``sample`` rows: with numpy's log2, clip and bincount over
     512 it took 10-15 us a batch, on every batch an instance sends.
@@ -114,8 +105,9 @@ def record_latency(hist: Histogram, clock: EpochClock, seq: np.ndarray, now_ns: 
 
 @njit(nogil=True, cache=True)
 def _record(counts, frontier, arrival, epochs, seq, step, now_ns):
-    """:meth:`Histogram.add` of :meth:`EpochClock.latency_us` of every ``step``-th of ``seq``, each
-    weighing ``step``."""
+    """Count in ``counts`` the latency in microseconds of every ``step``-th of ``seq``, each weighing
+    ``step``: the time from its epoch's arrival (the first of the clock's ``epochs`` whose frontier
+    reaches it) to ``now_ns``."""
     last = len(counts) - 1
     e = -1
     for i in range(0, len(seq), step):
