@@ -17,16 +17,19 @@ import pyarrow as pa
 from numba import njit
 
 from sparkcep.core import columns
-from sparkcep.core.hashing import bin_ids, derive_ids, gather_binned, hash_rows, hash_words, operator_salt
+from sparkcep.core.hashing import fold, gather_binned, key_hashes, operator_salt
 from sparkcep.core.strings import compare_bytes
-from sparkcep.core.table import (ACC, ARENA_USED, AUX, COUNTER, WSTART, BinnedTable, TableBins, find_slot,
-                                  key_bytes, lookup, place, room, slot_hash, touch)
+from sparkcep.core.table import (ACC, ARENA_USED, AUX, COUNTER, K0, K1, KEY, WSTART, BinnedTable, TableBins,
+                                  find_slot, key_bytes, lookup, place, room, slot_hash, stored_hash, touch)
 from sparkcep.query.aggregates import AggFunc
 from sparkcep.query.windows import TupleWindow
 from sparkcep.schema import TYPES, Schema
 
 (COUNT_ALL, COUNT, SUM_I, SUM_F, MIN_I, MAX_I, MIN_F, MAX_F, MIN_S, MAX_S,
  FIRST, LAST, FIRST_S, LAST_S) = range(14)
+# whose result does not depend on the order rows come in: integer sums wrap around, equal strings
+# are the same bytes (float sums round, float min/max see -0.0 and NaN, first/last break ties by order)
+ORDER_FREE = (COUNT_ALL, COUNT, SUM_I, MIN_I, MAX_I, MIN_S, MAX_S)
 # int slots / float slots each opcode owns
 SLOTS = {COUNT_ALL: (1, 0), COUNT: (1, 0), SUM_I: (2, 0), SUM_F: (1, 1), MIN_I: (2, 0), MAX_I: (2, 0),
          MIN_F: (1, 1), MAX_F: (1, 1), MIN_S: (3, 0), MAX_S: (3, 0), FIRST: (4, 0), LAST: (4, 0),
@@ -132,86 +135,110 @@ def _put_string(acc_i, arena, meta, b, e, si, sdata, s0, n):
     acc_i[b, e, si + 1] = n
 
 
+_NO_BYTES = np.zeros(1, np.uint8)  # the string bytes of a batch no function reads strings of
+_ZEROS = [np.zeros(1 << 16, np.int64)]  # grown on demand: read-only to every kernel
+
+
+def _zeros(n: int) -> np.ndarray:
+    """``n`` int64 zeros (arena bytes a row appends, when no function appends any)."""
+    if len(_ZEROS[0]) < n:
+        _ZEROS[0] = np.zeros(n, np.int64)
+    return _ZEROS[0][:n]
+
+
 FIRE_ROWS = 32_768  # a fire yields batches of about this many rows
 TS_SLOT = ACC  # tuple windows: the int slot before the functions' holds the window's largest event time
-GROUP = 256  # tuples whose first probe is touched before any of them is processed
+GROUP = 256  # tuples whose entries are updated together, one function at a time
+AHEAD = 32  # tuples between prefetching a tuple's first slots and finding its entries
 
 
 @njit(nogil=True, cache=True)
-def accumulate_time(K, ts, wm, seq, size, adv, lateness, P, V, T, miss_r, miss_s, late_rows):
-    """Pass 1: add rows to their time windows that already have an entry; returns (misses, late rows).
+def accumulate_time(K, ts, wm, seq, size, adv, lateness, P, V, T, miss_r, miss_s, late_rows, insert):
+    """Pass 1: add rows to their time windows; returns (misses, late rows).
 
     A row is late when one of its windows had already fired (the stamp of
     its watermark says so); the late rows go, in order, to ``late_rows``.
 
-    (row, window start) pairs whose entry does not exist yet go, in order, to
-    ``miss_r``/``miss_s`` for :func:`insert_time`. This pass only reads the
-    table's index: with no insert path in the loop, LLVM keeps the probe in
-    registers (about 10x faster). An entry's rows are all hits or all misses
-    within a batch, so each entry still sees its rows in sequence order.
-    Rows go in groups of ``GROUP``: first every row's first slots are
-    prefetched (:func:`~sparkcep.core.table.touch`), then the rows' entries
-    are found, then :func:`_apply` updates them.
+    With ``insert`` (no function appends string bytes), a (row, window start)
+    pair whose entry does not exist yet gets one here when its bin has room,
+    the probe walked again while its lines are in cache; otherwise it goes,
+    in order, to ``miss_r``/``miss_s`` for :func:`insert_time`, whose room
+    check counts the string bytes. A key's rows are either all added here or
+    all deferred (its bin's room only shrinks within a pass), so each entry
+    still sees its rows in sequence order. Deferring every new entry cost a
+    probe from memory in each pass: 100 ms windows of HiBench records in
+    5K-row batches, where 6 rows in 10 start an entry, went 9.0 -> 10.0 M
+    rows/s inserting here, 10 s windows (1 in 10) 21.0 -> 21.5.
+    One pass over the rows: row ``r + AHEAD``'s first slots are prefetched
+    (:func:`~sparkcep.core.table.touch`) as row ``r``'s entries are found,
+    and :func:`_apply` updates them ``GROUP`` at a time. (Prefetching a group
+    of rows, then finding their entries in a second loop, took 13 ns a row
+    where this takes 8.5 with the table in cache, 21-27 where this takes
+    15-17 with HiBench's 100K keys.)
     """
     khash, kw0, kw1, koff, kdata, kbin = K
     ops, cols, sis, sfs = P
     vals_i, vals_f, valid, soff, slen, sdata = V
     ent, entf, arena, meta = T
-    m = late = 0
+    m = late = k = 0
     n = len(ts)
-    first_s = np.empty(GROUP, np.int64)  # per row of the group: start of its last window, and its slot hash
-    first_h = np.empty(GROUP, np.int64)
     nwin = (size + adv - 1) // adv
     rows, bins, entries = np.empty(GROUP * nwin, np.int64), np.empty(GROUP * nwin, np.int64), \
         np.empty(GROUP * nwin, np.int64)
-    lo = hi = 0  # [lo, hi): event times whose last window starts at lo (rows mostly come in time order)
-    for g in range(0, n, GROUP):
-        ge = min(n, g + GROUP)
-        for r in range(g, ge):
-            t = ts[r]
-            if t < lo or t >= hi:  # an integer division only when the time leaves the current step
-                lo = (t // adv) * adv
-                hi = lo + adv
-            hw = slot_hash(khash[r], lo)
-            first_s[r - g] = lo
-            first_h[r - g] = hw
-            touch(ent, kbin[r], hw)
-        k = 0
-        for r in range(g, ge):
-            b = kbin[r]
-            t = ts[r]
-            limit = wm[r] - lateness
-            s = first_s[r - g]
-            missed = False
-            while s > t - size:
-                if s + size > limit:
-                    ks = koff[r]
-                    hw = first_h[r - g] if s == first_s[r - g] else slot_hash(khash[r], s)
-                    e = lookup(ent, arena, b, hw, s, kw0[r], kw1[r], kdata, ks, koff[r + 1] - ks)
-                    if e >= 0:
-                        if seq[r] > ent[b, e, AUX]:
-                            ent[b, e, AUX] = seq[r]
-                        rows[k], bins[k], entries[k] = r, b, e
-                        k += 1
-                    else:
-                        miss_r[m] = r
-                        miss_s[m] = s
-                        m += 1
+    lo = hi = plo = phi = 0  # [lo, hi): event times whose last window starts at lo, for rows r and r + AHEAD
+    for r in range(-AHEAD, n):
+        p = r + AHEAD
+        if p < n:
+            t = ts[p]
+            if t < plo or t >= phi:  # an integer division only when the time leaves the current step
+                plo = (t // adv) * adv
+                phi = plo + adv
+            touch(ent, kbin[p], slot_hash(khash[p], plo))
+        if r < 0:
+            continue
+        b = kbin[r]
+        t = ts[r]
+        if t < lo or t >= hi:
+            lo = (t // adv) * adv
+            hi = lo + adv
+        limit = wm[r] - lateness
+        s = lo
+        missed = False
+        while s > t - size:
+            if s + size > limit:
+                ks = koff[r]
+                klen = koff[r + 1] - ks
+                hw = slot_hash(khash[r], s)
+                e = lookup(ent, arena, b, hw, s, kw0[r], kw1[r], kdata, ks, klen)
+                if e < 0 and insert and room(ent, arena, meta, b, 1, key_bytes(klen)):
+                    e, i = find_slot(ent, arena, b, hw, s, kw0[r], kw1[r], kdata, ks, klen)  # its lines are in cache now
+                    e = place(ent, arena, meta, b, i, kw0[r], kw1[r], s, kdata, ks, klen)
+                if e >= 0:
+                    if seq[r] > ent[b, e, AUX]:
+                        ent[b, e, AUX] = seq[r]
+                    rows[k], bins[k], entries[k] = r, b, e
+                    k += 1
                 else:
-                    missed = True
-                s -= adv
-            if missed:
-                late_rows[late] = r
-                late += 1
-        _apply(ent, entf, arena, meta, rows, bins, entries, k, ts, seq, ops, cols, sis, sfs,
-               vals_i, vals_f, valid, soff, slen, sdata)
+                    miss_r[m] = r
+                    miss_s[m] = s
+                    m += 1
+            else:
+                missed = True
+            s -= adv
+        if missed:
+            late_rows[late] = r
+            late += 1
+        if k > (GROUP - 1) * nwin or r == n - 1:
+            _apply(ent, entf, arena, meta, rows, bins, entries, k, ts, seq, ops, cols, sis, sfs,
+                   vals_i, vals_f, valid, soff, slen, sdata)
+            k = 0
     return m, late
 
 
 @njit(nogil=True, cache=True)
 def insert_time(pos, m, miss_r, miss_s, K, ts, seq, rowstr, P, V, T):
-    """Pass 2: the deferred (row, window start) pairs, inserting entries, in groups like pass 1;
-    returns where it stopped for room.
+    """Pass 2: the deferred (row, window start) pairs, inserting entries, prefetched and applied as in
+    pass 1; returns where it stopped for room.
 
     A row's values are applied with its group's, so the room a row is
     checked for includes the string bytes of the rows before it in the
@@ -223,32 +250,35 @@ def insert_time(pos, m, miss_r, miss_s, K, ts, seq, rowstr, P, V, T):
     vals_i, vals_f, valid, soff, slen, sdata = V
     ent, entf, arena, meta = T
     rows, bins, entries = np.empty(GROUP, np.int64), np.empty(GROUP, np.int64), np.empty(GROUP, np.int64)
-    for g in range(pos, m, GROUP):
-        ge = min(m, g + GROUP)
-        for q in range(g, ge):
-            touch(ent, kbin[miss_r[q]], slot_hash(khash[miss_r[q]], miss_s[q]))
-        k = pending = 0
-        for q in range(g, ge):
-            r, s = miss_r[q], miss_s[q]
-            b = kbin[r]
-            ks, klen = koff[r], koff[r + 1] - koff[r]
-            need = key_bytes(klen) + rowstr[r]
-            if not room(ent, arena, meta, b, 1, need + pending):
-                _apply(ent, entf, arena, meta, rows, bins, entries, k, ts, seq, ops, cols, sis, sfs,
-                       vals_i, vals_f, valid, soff, slen, sdata)
-                k = pending = 0
-                if not room(ent, arena, meta, b, 1, need):
-                    return q
-            e, i = find_slot(ent, arena, b, slot_hash(khash[r], s), s, kw0[r], kw1[r], kdata, ks, klen)
-            if e < 0:
-                e = place(ent, arena, meta, b, i, kw0[r], kw1[r], s, kdata, ks, klen)
-            if seq[r] > ent[b, e, AUX]:
-                ent[b, e, AUX] = seq[r]
-            rows[k], bins[k], entries[k] = r, b, e
-            k += 1
-            pending += rowstr[r]
-        _apply(ent, entf, arena, meta, rows, bins, entries, k, ts, seq, ops, cols, sis, sfs,
-               vals_i, vals_f, valid, soff, slen, sdata)
+    k = pending = 0
+    for q in range(pos - AHEAD, m):
+        p = q + AHEAD
+        if pos <= p < m:
+            touch(ent, kbin[miss_r[p]], slot_hash(khash[miss_r[p]], miss_s[p]))
+        if q < pos:
+            continue
+        r, s = miss_r[q], miss_s[q]
+        b = kbin[r]
+        ks, klen = koff[r], koff[r + 1] - koff[r]
+        need = key_bytes(klen) + rowstr[r]
+        if not room(ent, arena, meta, b, 1, need + pending):
+            _apply(ent, entf, arena, meta, rows, bins, entries, k, ts, seq, ops, cols, sis, sfs,
+                   vals_i, vals_f, valid, soff, slen, sdata)
+            k = pending = 0
+            if not room(ent, arena, meta, b, 1, need):
+                return q
+        e, i = find_slot(ent, arena, b, slot_hash(khash[r], s), s, kw0[r], kw1[r], kdata, ks, klen)
+        if e < 0:
+            e = place(ent, arena, meta, b, i, kw0[r], kw1[r], s, kdata, ks, klen)
+        if seq[r] > ent[b, e, AUX]:
+            ent[b, e, AUX] = seq[r]
+        rows[k], bins[k], entries[k] = r, b, e
+        k += 1
+        pending += rowstr[r]
+        if k == GROUP or q == m - 1:
+            _apply(ent, entf, arena, meta, rows, bins, entries, k, ts, seq, ops, cols, sis, sfs,
+                   vals_i, vals_f, valid, soff, slen, sdata)
+            k = pending = 0
     return m
 
 
@@ -302,6 +332,20 @@ def accumulate_tuples(pos, K, ts, wm, seq, size, adv, rowstr, P, V, T, ready_b, 
     return n
 
 
+@njit(nogil=True, cache=True)
+def window_ids(salt, rows, arena, bins):
+    """Output ids of the window entries taken out of ``bins`` as ``rows``: ``salt`` folded with the
+    window start, then the key's hash (:mod:`sparkcep.core.ids`), the hash from the stored key words
+    (the arena's bytes past 16). Hashing the keys' bytes again and stacking the parts for
+    :func:`~sparkcep.core.hashing.derive_ids` took a quarter of a 31K-row fire."""
+    n = rows.shape[1]
+    out = np.empty(n, np.int64)
+    for j in range(n):
+        h = stored_hash(rows[KEY, j], rows[K0, j], rows[K1, j], arena[bins[j]])
+        out[j] = np.int64(fold(fold(salt, rows[WSTART, j]), h))
+    return out
+
+
 class Program:
     """The opcodes, value columns and slots of an aggregate's functions.
 
@@ -334,25 +378,31 @@ class Program:
                             for i in range(len(self.fields))]
         self.reads_floats = any(op in (SUM_F, MIN_F, MAX_F) for op in ops)
         self.reads_strings = any(self.string_uses)
+        k = max(1, len(self.fields))
+        self._no_floats, self._no_strings = np.zeros((k, 0), np.float64), np.zeros((k, 0), np.int64)
+        self.order_free = all(op in ORDER_FREE for op in ops)
 
     def inputs(self, batch: pa.RecordBatch):
         """(vals_i, vals_f, valid, soff, slen, sdata, rowstr): the value columns as kernel arrays.
 
         Float and string views have no rows when no function reads them: at
         tens of thousands of rows a batch, filling them cost more than some
-        kernels.
+        kernels. What does not depend on the batch is made once.
         """
         n, k = batch.num_rows, max(1, len(self.fields))
-        vals_i = np.zeros((k, n), np.int64)
-        vals_f = np.zeros((k, n if self.reads_floats else 0), np.float64)
+        vals_i = np.zeros((k, n), np.int64) if not self.fields else np.empty((k, n), np.int64)
+        vals_f = np.zeros((k, n), np.float64) if self.reads_floats else self._no_floats
         valid = np.ones((k, n), np.bool_)
-        soff = np.zeros((k, n if self.reads_strings else 0), np.int64)
-        slen = np.zeros((k, n if self.reads_strings else 0), np.int64)
-        rowstr = np.zeros(n, np.int64)
+        if self.reads_strings:
+            soff, slen, rowstr = np.zeros((k, n), np.int64), np.zeros((k, n), np.int64), np.zeros(n, np.int64)
+        else:
+            soff = slen = self._no_strings
+            rowstr = _zeros(n)
         datas, base = [], 0
         for c, f in enumerate(self.fields):
             arr = batch.column(f)
             if self.schema.fields[f] == "string":
+                vals_i[c] = 0
                 off, data, valid[c] = columns.strings(arr)
                 if not self.string_uses[c]:
                     continue
@@ -363,11 +413,14 @@ class Program:
                 datas.append(data[off[0]:off[-1]])
                 base += int(off[-1] - off[0])
             else:
-                v, valid[c] = columns.values(arr)
+                if arr.null_count:
+                    v, valid[c] = columns.values(arr)
+                else:
+                    v = (arr.view(pa.int64()) if pa.types.is_timestamp(arr.type) else arr).to_numpy(zero_copy_only=False)
                 vals_i[c] = v.astype(np.float64).view(np.int64) if v.dtype.kind == "f" else v  # first/last: bits
                 if self.reads_floats:  # sums and min/max of floats; avg of an int column sums it as float
                     vals_f[c] = v
-        sdata = np.concatenate(datas) if datas else np.zeros(1, np.uint8)
+        sdata = np.concatenate(datas) if datas else _NO_BYTES
         return vals_i, vals_f, valid, soff, slen, sdata, rowstr
 
     def kernel_args(self):
@@ -441,6 +494,9 @@ class WindowAggregate:
         self.late = 0
         self.late_rows = np.empty(0, np.int64)  # rows of the last batch added that were late
         self.lowest_start = None  # no open window starts before this (time windows)
+        # rows may be added in any order: the windows come out the same (the largest sequence
+        # number of a window, its output __seq, is a maximum too)
+        self.order_free = not self.tuple_window and self.program.order_free
 
     def route(self, batch: pa.RecordBatch):
         """(hashes, key words, key offsets, key bytes, bins) of a batch: the kernels' ``K``."""
@@ -448,11 +504,12 @@ class WindowAggregate:
             koff, kdata = columns.encode_keys(batch, self.by)
         else:
             koff, kdata = np.zeros(batch.num_rows + 1, np.int64), np.zeros(1, np.uint8)
-        h, w0, w1 = hash_words(koff, kdata)
-        return h, w0, w1, koff, kdata, bin_ids(h, self.bins)
+        h, w0, w1, b = key_hashes(koff, kdata, self.bins)
+        return h, w0, w1, koff, kdata, b
 
     def add(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
-        """Add a batch sorted by (sequence number, id); returns the tuple windows it filled."""
+        """Add a batch sorted by (sequence number, id) (in any order when :attr:`order_free`); returns
+        the tuple windows it filled."""
         n = batch.num_rows
         if n == 0:
             return []
@@ -480,11 +537,11 @@ class WindowAggregate:
             return out
         nwin = (w.size_us + w.advance_us - 1) // w.advance_us
         miss_r, miss_s = np.empty(n * nwin, np.int64), np.empty(n * nwin, np.int64)
-        if rowstr.any():  # pass 1 does not check room: a string min/max/first/last may append its value at every hit
-            self.table.reserve(K[5], rowstr * nwin)
+        if self.program.reads_strings and rowstr.any():  # pass 1 does not check room: a string
+            self.table.reserve(K[5], rowstr * nwin)        # min/max/first/last may append its value at every hit
         late_rows = np.empty(n, np.int64)
         m, late = accumulate_time(K, ts, wm, seq, w.size_us, w.advance_us, w.lateness_us, P, V,
-                                  self.table.kernel_state(), miss_r, miss_s, late_rows)
+                                  self.table.kernel_state(), miss_r, miss_s, late_rows, not self.program.reads_strings)
         self.late_rows = late_rows[:late]
         while pos < m:
             pos = insert_time(pos, m, miss_r, miss_s, K, ts, seq, rowstr, P, V, self.table.kernel_state())
@@ -537,7 +594,7 @@ class WindowAggregate:
         if self.by:
             cols += columns.decode_keys(koff, kdata, self.key_fields)
         cols += self.program.results(rows, self.table.arena, b)
-        ids = derive_ids(self.salt, starts, hash_rows(koff, kdata))
+        ids = window_ids(self.salt, rows, self.table.arena, b)
         cols += [pa.array(rows[AUX], pa.int64()), pa.array(ids), pa.array(ts, pa.int64()), pa.array(wm, pa.int64())]
         return [pa.RecordBatch.from_arrays(cols, names=self.out_schema.names + list(columns.HIDDEN))]
 

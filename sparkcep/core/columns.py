@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -20,12 +22,37 @@ KIND_FIXED, KIND_STRING = 0, 1
 def stamp(batch: pa.RecordBatch, first_seq: int, time_field: str | None, watermark: int) -> pa.RecordBatch:
     """``batch`` as the engine sends it in: the hidden columns appended — sequence numbers from
     ``first_seq`` on, output ids (seq, 0), event times from ``time_field`` (0 without one), and
-    the source's ``watermark`` from before the batch on every row."""
+    the source's ``watermark`` from before the batch on every row.
+
+    One ``from_arrays`` with a schema made once per input schema, the event times a view of the
+    time field's buffer, the ids a slice of one array of zeros (four ``append_column`` calls and a
+    cast: 25 us a 100-row send, this 16).
+    """
     n = batch.num_rows
-    seq = np.arange(first_seq, first_seq + n, dtype=np.int64)
-    ts = batch.column(time_field).cast(pa.int64()).to_numpy() if time_field is not None else np.zeros(n, np.int64)
-    return batch.append_column(SEQ, pa.array(seq)).append_column(ID, pa.array(np.zeros(n, np.int64))) \
-        .append_column(TS, pa.array(ts)).append_column(WM, pa.array(np.full(n, watermark, np.int64)))
+    seq = pa.array(np.arange(first_seq, first_seq + n, dtype=np.int64))
+    if time_field is None:
+        ts = _zeros(n)
+    else:
+        t = batch.column(time_field)
+        ts = t.view(pa.int64()) if pa.types.is_timestamp(t.type) or t.type == pa.int64() else t.cast(pa.int64())
+    wm = pa.array(np.full(n, watermark, np.int64))
+    return pa.RecordBatch.from_arrays([*batch.columns, seq, _zeros(n), ts, wm], schema=_stamped(batch.schema))
+
+
+@functools.lru_cache(maxsize=64)
+def _stamped(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with the hidden columns after its fields."""
+    return pa.schema([*schema, *(pa.field(name, pa.int64()) for name in HIDDEN)])
+
+
+_ZEROS = [pa.array(np.zeros(1 << 16, np.int64))]  # grown on demand; slices of it are the source's ids
+
+
+def _zeros(n: int) -> pa.Array:
+    """``n`` int64 zeros, sharing one buffer."""
+    if len(_ZEROS[0]) < n:
+        _ZEROS[0] = pa.array(np.zeros(n, np.int64))
+    return _ZEROS[0].slice(0, n)
 
 
 def take(data, rows: np.ndarray):
@@ -34,10 +61,15 @@ def take(data, rows: np.ndarray):
     return pc.take(data, pa.array(rows, pa.int64()), boundscheck=False)
 
 
+def owned(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A copy of ``batch`` in memory of its own (it may point into a ring that is about to be reused)."""
+    return pa.ipc.read_record_batch(batch.serialize(), batch.schema)
+
+
 def values(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """(values, valid) of a numeric / bool / timestamp array; nulls hold 0 in values."""
     if pa.types.is_timestamp(arr.type):
-        arr = arr.cast(pa.int64())
+        arr = arr.view(pa.int64())  # the same buffers: a cast ran a compute kernel
     if arr.null_count:
         valid = arr.is_valid().to_numpy(zero_copy_only=False)
         arr = pc.fill_null(arr, False if pa.types.is_boolean(arr.type) else 0)

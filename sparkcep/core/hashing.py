@@ -137,6 +137,22 @@ def hash_words(offsets, data):
     return h, w0, w1
 
 
+@njit(nogil=True, cache=True)
+def key_hashes(offsets, data, bins):
+    """:func:`hash_words` of each encoded key and its bin (``bins`` a power of two) in one pass:
+    (hashes, first words, second words, bins) as :func:`bin_ids` gives them."""
+    n = len(offsets) - 1
+    mask = np.uint64(bins - 1)
+    h = np.empty(n, np.uint64)
+    w0 = np.empty(n, np.int64)
+    w1 = np.empty(n, np.int64)
+    b = np.empty(n, np.int64)
+    for i in range(n):
+        x, a, c = hash_key(data, np.int64(offsets[i]), np.int64(offsets[i + 1]))
+        h[i], w0[i], w1[i], b[i] = x, a, c, np.int64(x & mask)
+    return h, w0, w1, b
+
+
 def hash_rows(offsets, data) -> np.ndarray:
     """64-bit hash of each encoded key (the route-key hash)."""
     return hash_words(offsets, data)[0]

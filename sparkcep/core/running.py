@@ -18,7 +18,7 @@ from numba import njit
 
 from sparkcep.core import columns
 from sparkcep.core.aggregate import COUNT_ALL, GROUP, Program, _apply
-from sparkcep.core.hashing import bin_ids, derive_ids, fold_in, hash_words, operator_salt
+from sparkcep.core.hashing import derive_ids, fold_in, key_hashes, operator_salt
 from sparkcep.core.table import (ACC, AUX, BinnedTable, TableBins, find_slot, key_bytes, lookup, place, room,
                                   slot_hash, touch)
 from sparkcep.query.aggregates import AggFunc
@@ -189,8 +189,8 @@ class RunningAggregate:
             koff, kdata = columns.encode_keys(batch, self.by)
         else:
             koff, kdata = np.zeros(batch.num_rows + 1, np.int64), np.zeros(1, np.uint8)
-        h, w0, w1 = hash_words(koff, kdata)
-        return h, w0, w1, koff, kdata, bin_ids(h, self.bins)
+        h, w0, w1, b = key_hashes(koff, kdata, self.bins)
+        return h, w0, w1, koff, kdata, b
 
     def add(self, batch: pa.RecordBatch, step: tuple[int, int] = (0, 0)) -> list[pa.RecordBatch]:
         """Aggregate a batch; returns one row per group it held, with the group's values so far.

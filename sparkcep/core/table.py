@@ -466,23 +466,6 @@ def select(T, max_wstart):
     return ob[:m], oe[:m]
 
 
-@njit(nogil=True, cache=True)
-def group_rows(keys, n_keys):
-    """Stable counting sort: (row indices grouped by key, order kept within a key; start of each key)."""
-    starts = np.zeros(n_keys + 1, np.int64)
-    for i in range(len(keys)):
-        starts[keys[i] + 1] += 1
-    for k in range(n_keys):
-        starts[k + 1] += starts[k]
-    fill = starts[:-1].copy()
-    order = np.empty(len(keys), np.int64)
-    for i in range(len(keys)):
-        k = keys[i]
-        order[fill[k]] = i
-        fill[k] += 1
-    return order, starts
-
-
 class BinnedTable:
     """Entries keyed by (key bytes, window start) in ``bins`` bins, with accumulator slots.
 

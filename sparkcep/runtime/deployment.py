@@ -28,7 +28,6 @@ import time
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-import pyarrow.compute  # noqa: F401  (pa.compute)
 
 from sparkcep.arguments import closest, integer
 from sparkcep.core import columns
@@ -197,11 +196,11 @@ class Deployment:
         self.check()
         src = self.sources[stream]
         self._undo.setdefault(stream, (src.max_ts, src.rows))
-        src.max_ts = max(src.max_ts, int(pa.compute.max(batch.column(columns.TS)).as_py()))
+        src.max_ts = max(src.max_ts, int(batch.column(columns.TS).to_numpy().max()))
         src.rows += batch.num_rows
         if self._arrival is None:
             self._arrival = time.monotonic_ns()
-        frontier = int(batch.column(columns.SEQ)[batch.num_rows - 1].as_py())
+        frontier = int(batch.column(columns.SEQ).to_numpy()[-1])
         self.gen.source_router.send(stream, batch, (self.epoch, frontier, self._arrival))
 
     def flush(self) -> None:

@@ -161,27 +161,29 @@ class InstanceManager:
         try:
             if any(end.ready() for end in consumers) or any(end.flush() for end in producers):
                 return
-            fds = {self.bell.fileno(), self.server.fileno(), *(s.fileno() for s in self.links),
-                   *(s.fileno() for s in self.greeting)}
+            fds = {self.bell.fileno()}
             for end in consumers + producers:
                 fd = end.fileno()
                 if fd is not None:
                     fds.add(fd)
-            ready, _, _ = select.select(list(fds), [], [], SLEEP_S)
+            ready, _, _ = select.select([*fds, self.server, *self.links, *self.greeting], [], [], SLEEP_S)
             if self.bell.fileno() in ready:
                 self.bell.drain()
         finally:
             for end in consumers + producers:
                 end.sleep_flag(False)
-        self._io(0)
+        self._serve(ready)  # the connections that woke it, without a select of their own
 
     # --- connections -------------------------------------------------------------------
     def _io(self, timeout: float) -> None:
-        socks = [self.server, *self.links, *self.greeting]
         try:
-            ready, _, _ = select.select(socks, [], [], timeout)
+            ready, _, _ = select.select([self.server, *self.links, *self.greeting], [], [], timeout)
         except (OSError, ValueError):
             ready = []
+        self._serve(ready)
+
+    def _serve(self, ready: list) -> None:
+        """Accept, greet or read the connections among ``ready``; drop greetings that took too long."""
         for s in ready:
             if s is self.server:
                 self._accept()

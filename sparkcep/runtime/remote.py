@@ -11,6 +11,7 @@ the generation, the engine).
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from sparkcep.runtime.wiring import ChannelEnds, plan_channels, source_router
 
 WAIT_TIMEOUT_S = 120.0     # collect()/wait(): outputs must catch up within this long
 SEND_TIMEOUT_S = 60.0      # send(): a channel must take something within this long
+POLL_S = 0.05              # check(): how often a waiting engine looks whether its instance managers exited
 
 
 @dataclass
@@ -39,7 +41,7 @@ class RemoteGeneration(Generation):
     ends: ChannelEnds = None
     cluster: Cluster = None
 
-    @property
+    @functools.cached_property
     def hosts(self) -> list[int]:
         return sorted(set(self.assignment.values()))
 
@@ -61,6 +63,7 @@ class RemoteDeployment(Deployment):
         self.ims = ims  # the instance managers it may run on (None: any live one)
         self.sink_lock = threading.Lock()
         self.closed = False
+        self._polled = (0, 0.0)  # (epoch, time) the instance managers' processes were last looked at
         super().__init__(id, query, parallelism, bins, retain, board=cluster.board, **kw)
         with cluster.lock:
             cluster.deployments[self.id] = self
@@ -204,7 +207,11 @@ class RemoteDeployment(Deployment):
             self.cluster.progress.notify_all()
 
     def check(self) -> None:
-        if self.error is None:
+        """Raise the deployment's error; first look whether an instance manager this engine started
+        has exited (once an epoch, or every ``POLL_S`` while waiting: a send checked three times)."""
+        now = time.monotonic()
+        if self.error is None and (self._polled[0] != self.epoch or now - self._polled[1] > POLL_S):
+            self._polled = (self.epoch, now)
             for i in self.gen.hosts:
                 im = self.cluster.ims[i]
                 if im.dead is None and im.process is not None and im.process.poll() is not None:

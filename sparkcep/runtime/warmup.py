@@ -44,7 +44,7 @@ def warm_up(progress=None) -> None:
         from sparkcep.query.windows import TimeWindow, TupleWindow
         from sparkcep.runtime.deployment import Deployment
 
-        schema = "k string, g int64, ts timestamp, v int64, x float64"
+        schema = "k string, g int64, ts timestamp, v int64, x float64, i int32"
         q = Query("__sparkcep_warm_up__")
         s, r = q.stream("__warm_l", schema), q.stream("__warm_r", schema)
         funcs = dict(n=fn.count(), c=fn.count("v"), sv=fn.sum("v"), sx=fn.sum("x"), a=fn.avg("x"),
@@ -61,9 +61,9 @@ def warm_up(progress=None) -> None:
                                                                                      n=fn.count()))
         t0 = dt.datetime(2024, 1, 1)
         rows = {"k": ["a", None, "b", "a"], "g": [1, 2, None, 1], "v": [1, None, 3, 4], "x": [0.5, 1.0, None, 2.0],
-                "ts": [t0 + dt.timedelta(seconds=i) for i in range(4)]}
+                "i": [1, 2, 3, 4], "ts": [t0 + dt.timedelta(seconds=i) for i in range(4)]}
         many = {"k": [f"key-{i}" for i in range(200)], "g": list(range(200)), "v": list(range(200)),
-                "x": [0.5] * 200, "ts": [t0] * 200}  # enough keys to grow the tables: rebuilds compile too
+                "x": [0.5] * 200, "i": [7] * 200, "ts": [t0] * 200}  # enough keys to grow the tables: rebuilds compile too
         dep = Deployment("warm#1", q, parallelism=2, bins=4)
         seq, step, steps = 0, 0, 8
         for stream in ("__warm_l", "__warm_r"):

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from functools import cache
 
 from sparkcep.runtime.balancers import Router, bin_tables
-from sparkcep.runtime.channels import Doorbell, RingConsumer, RingProducer, create_ring, tcp, unlink_quietly
+from sparkcep.runtime.channels import (Doorbell, LocalChannel, RingConsumer, RingProducer, create_ring, tcp,
+                                       unlink_quietly)
 from sparkcep.runtime.channels import consumer as open_consumer
 from sparkcep.runtime.channels import producer as open_producer
 from sparkcep.runtime.handoff import Handoffs
@@ -109,7 +110,8 @@ class ChannelEnds:
     waiting: dict = field(default_factory=dict)  # channel id -> a network end waiting for its peer
 
     def open_first(self) -> dict:
-        """Deploy step: create the rings this process consumes, and the network ends it listens for.
+        """Deploy step: create the rings this process consumes, and the network ends it listens for;
+        a channel between two of its own endpoints is an in-process queue.
 
         Returns the addresses of the rings made, for their producers.
         """
@@ -118,7 +120,9 @@ class ChannelEnds:
         for n, ((p, c), cp) in enumerate(self.plans.items()):
             if cp.first not in self.mine:
                 continue
-            if cp.transport == SHM:  # we consume: the ring is ours to create
+            if cp.transport == SHM and p in self.mine:  # both ends here: no ring, no copy
+                self.inputs[(p, c)] = self.outputs[(p, c)] = LocalChannel(keeps_batches=True)
+            elif cp.transport == SHM:  # we consume: the ring is ours to create
                 path = os.path.join(self.shm_dir, f"{tag}-{n}")
                 create_ring(path, self.ring_bytes, self.consumer_bell.path)
                 copy = True if self.copy_of is None else self.copy_of(c)

@@ -58,6 +58,16 @@ def test_long_values_and_fields():
         assert kernel(values, ",", part)[0] == [reference(v, ",", part) for v in values]
 
 
+def test_first_field_of_every_length():
+    """The first field's own kernel: fields of 0 to 40 bytes, cut or not, the delimiter in either of
+    the two words it loads or past them, and the last strings of the buffer (fewer than 16 bytes
+    left after their start)."""
+    values = ["a" * n + ",rest" for n in range(41)] + ["b" * n for n in range(41)] + ["é,", ",", ""]
+    for skip in (0, 5):
+        got, arr = kernel(values, ",", 1, skip)
+        assert got == [reference(v, ",", 1) for v in arr]
+
+
 def test_in_map_and_filter_with_nulls_and_literals():
     rows = [{"v": v, "n": i} for i, v in enumerate(["1.2.3.4,a,b", None, "5.6.7.8", "", ",x", "9.9.9.9,c"])]
     q = cep.Query("split")

@@ -134,6 +134,10 @@ CONTROL_TYPES: dict[str, type[Control]] = {"configure": Configure, "export": Exp
 class Producer(ABC):
     """The sending end of a channel. Never blocks: what does not fit waits in the backlog."""
 
+    #: it holds the batches sent by reference until its consumer takes them: they must own their
+    #: memory, never point into a ring the sender reads without copying
+    keeps_batches: bool = False
+
     @abstractmethod
     def send_data(self, port: int, stamp: tuple[int, int, int], batch: pa.RecordBatch) -> None:
         """Queue ``batch`` for input ``port``; ``stamp`` is (epoch, frontier, arrival ns)."""
@@ -244,10 +248,16 @@ class Consumer(ABC):
 
 
 class LocalChannel(Producer, Consumer):
-    """Both ends of a channel inside one process: a queue of message objects, no copies, no limit."""
+    """Both ends of a channel inside one process: a queue of message objects, no copies, no limit.
 
-    def __init__(self):
+    Between two instances of one instance manager (``keeps_batches=True``),
+    its consumer is polled in the same loop as its producer, so the queue
+    stays as short as one turn's output.
+    """
+
+    def __init__(self, keeps_batches: bool = False):
         self.queue: deque = deque()
+        self.keeps_batches = keeps_batches
 
     def send_data(self, port, stamp, batch):
         self.queue.append(Data(port, stamp[0], stamp[1], stamp[2], batch))
@@ -281,7 +291,7 @@ class LocalChannel(Producer, Consumer):
         return bool(self.queue)
 
     def fileno(self):
-        raise EngineError("a local channel has no file descriptor: its owner runs it directly", "CHANNEL")
+        return None  # nothing to wait on: its producer runs in the consumer's thread
 
     @property
     def queued_bytes(self):

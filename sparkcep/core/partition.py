@@ -1,0 +1,162 @@
+"""Cut a batch by destination: each row's instance from its key, then every column gathered in
+destination order, one numba pass a column; and rows picked by a filter, the same way.
+
+What the route-key balancer does to every row it sends on. Grouping rows
+first and then taking each destination's rows with Arrow (``pc.take`` per
+destination, every column) cost 36 ns a HiBench row on two destinations;
+gathering each column once with these kernels, 12 ns. Each destination's
+part is built from zero-copy slices of the gathered buffers, with string
+offsets starting at 0 in every part (the IPC writer then copies them as they
+are), and shares no memory with the batch it came from. Picking half the
+rows of a 64K-row batch (a string and five 8-byte columns) this way ran at
+146 M rows/s, Arrow's filter at 110 M.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from numba import njit
+
+from sparkcep.core.hashing import hash_key
+from sparkcep.core.memory import load8, store8
+
+WORD = 8  # string bytes are copied a word at a time; outputs carry this much slack
+
+
+@njit(nogil=True, cache=True)
+def destinations(offsets, data, owners, parts):
+    """Rows grouped by the owner of their key's bin (``owners[hash & (len(owners) - 1)]``, a power of
+    two of bins), in row order within a part: (row order, start of each of ``parts`` parts + end)."""
+    n = len(offsets) - 1
+    mask = np.uint64(len(owners) - 1)
+    dest = np.empty(n, np.int64)
+    starts = np.zeros(parts + 1, np.int64)
+    for i in range(n):
+        h = hash_key(data, np.int64(offsets[i]), np.int64(offsets[i + 1]))[0]
+        d = owners[np.int64(h & mask)]
+        dest[i] = d
+        starts[d + 1] += 1
+    for p in range(parts):
+        starts[p + 1] += starts[p]
+    fill = starts[:-1].copy()
+    order = np.empty(n, np.int64)
+    for i in range(n):
+        d = dest[i]
+        order[fill[d]] = i
+        fill[d] += 1
+    return order, starts
+
+
+@njit(nogil=True, cache=True)
+def gather(columns, count, order):
+    """The first ``count`` of ``columns`` (a tuple of :data:`GATHER` arrays of one width) in
+    destination order: row ``c`` of the result is ``columns[c][order]``. One call for up to
+    GATHER columns: five 8-byte columns of 32K rows took 2.5 ns a row, against 10 in a call each.
+    The tuple always has GATHER arrays (unused ones empty): numba compiles a kernel per tuple
+    length, and a batch of another shape would have waited for it in the middle of a run."""
+    out = np.empty((count, len(order)), columns[0].dtype)
+    for c in range(count):
+        values = columns[c]
+        for j in range(len(order)):
+            out[c, j] = values[order[j]]
+    return out
+
+
+@njit(nogil=True, cache=True)
+def gather_strings(offsets, data, order, starts):
+    """Strings ``order`` as one offsets array per part, each starting at 0 (part ``p``'s offsets are
+    ``out_offsets[starts[p] + p : starts[p + 1] + p + 1]``), and their bytes: (out_offsets, bytes,
+    byte start of each part + end). ``bytes`` has :data:`WORD` bytes of slack past the end."""
+    parts = len(starts) - 1
+    out_off = np.empty(len(order) + parts, offsets.dtype)
+    at = np.zeros(parts + 1, np.int64)
+    total = 0
+    for p in range(parts):
+        q = starts[p] + p
+        out_off[q] = 0
+        for j in range(starts[p], starts[p + 1]):
+            r = order[j]
+            q += 1
+            out_off[q] = out_off[q - 1] + (offsets[r + 1] - offsets[r])
+        total += out_off[q]
+        at[p + 1] = total
+    out = np.empty(total + WORD, np.uint8)
+    last = len(data) - WORD  # a word may be loaded at or before this offset
+    d = 0
+    for j in range(len(order)):
+        r = order[j]
+        s, e = np.int64(offsets[r]), np.int64(offsets[r + 1])
+        k = 0
+        while s + k < e:
+            if s + k <= last:
+                store8(out, d + k, load8(data, s + k))
+                k += WORD
+            else:
+                out[d + k] = data[s + k]
+                k += 1
+        d += e - s
+    return out_off, out, at
+
+
+_FIXED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}  # gathered by width, whatever the type
+GATHER = 8  # fixed-width columns gathered by one kernel call
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    """``a`` marked read-only, whoever owns its buffer: numba types read-only arrays apart, so a
+    batch read from a channel and one made here would compile the kernels twice (and a tuple of both
+    kinds does not compile at all)."""
+    a.flags.writeable = False
+    return a
+
+
+_NONE = {width: _read_only(np.zeros(0, dtype)) for width, dtype in _FIXED.items()}  # a tuple's unused places
+
+
+def partition(batch: pa.RecordBatch, order: np.ndarray, starts: np.ndarray) -> list[pa.RecordBatch | None]:
+    """Part ``p`` of ``batch``: its rows ``order[starts[p]:starts[p + 1]]`` (None when that is no row),
+    in buffers of their own.
+
+    Fixed-width and string columns without nulls go through the kernels; any
+    other column (nulls, bools, large strings) is taken by Arrow.
+    """
+    parts = len(starts) - 1
+    sizes = [int(starts[p + 1] - starts[p]) for p in range(parts)]
+    cols: list[list] = [[None] * batch.num_columns for _ in range(parts)]
+    fixed: dict[int, list[tuple[int, np.ndarray]]] = {}  # width -> (column, values)
+    for i, arr in enumerate(batch.columns):
+        t = arr.type
+        width = t.bit_width // 8 if pa.types.is_primitive(t) and not pa.types.is_boolean(t) else 0
+        if arr.null_count == 0 and width in _FIXED:
+            values = _read_only(np.frombuffer(arr.buffers()[1], _FIXED[width], len(arr), arr.offset * width))
+            fixed.setdefault(width, []).append((i, values))
+        elif arr.null_count == 0 and (pa.types.is_string(t) or pa.types.is_binary(t)):
+            _, off_buf, data_buf = arr.buffers()
+            offsets = _read_only(np.frombuffer(off_buf, np.int32, len(arr) + 1, arr.offset * 4))
+            data = _read_only(np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8))
+            out_off, out, at = gather_strings(offsets, data, order, starts)
+            for p in range(parts):
+                lo, hi = starts[p] + p, starts[p + 1] + p + 1
+                cols[p][i] = pa.Array.from_buffers(t, sizes[p], [None, pa.py_buffer(out_off[lo:hi]),
+                                                                 pa.py_buffer(out[at[p]:at[p + 1]])])
+        else:
+            taken = pc.take(arr, pa.array(order, pa.int64()), boundscheck=False)
+            for p in range(parts):
+                cols[p][i] = taken.slice(starts[p], sizes[p])
+    for width, group in fixed.items():
+        for k in range(0, len(group), GATHER):
+            chunk = group[k:k + GATHER]
+            arrays = tuple(values for _, values in chunk) + (_NONE[width],) * (GATHER - len(chunk))
+            out = gather(arrays, len(chunk), order)
+            for c, (i, _) in enumerate(chunk):
+                t = batch.column(i).type
+                for p in range(parts):
+                    cols[p][i] = pa.Array.from_buffers(t, sizes[p], [None, pa.py_buffer(out[c, starts[p]:starts[p + 1]])])
+    return [pa.RecordBatch.from_arrays(cols[p], schema=batch.schema) if sizes[p] else None for p in range(parts)]
+
+
+def select(batch: pa.RecordBatch, rows: np.ndarray) -> pa.RecordBatch:
+    """Rows ``rows`` (int64, in bounds) of ``batch``, in buffers of their own."""
+    return partition(batch, rows, np.array([0, len(rows)], np.int64))[0] or batch.slice(0, 0)
