@@ -229,6 +229,7 @@ def test_bins_move_off_a_slowed_instance_manager():
     hog_window = (t_hog + 1.0, t_decided)
     last_window = (t_end - WINDOW_S, t_end)
     figures = {"busy before the hog": busy_before, "busy at the end": busy_after,
+               "lag (ms) before the hog": _r(monitor.lag_ms(t_hog - BASELINE_S + 1.0, t_hog)),
                "throughput during the hog, before balancing": _r(monitor.throughput(*hog_window)),
                "throughput in the last window": _r(monitor.throughput(*last_window)),
                "lag (ms) during the hog, before balancing": _r(monitor.lag_ms(*hog_window)),
@@ -247,8 +248,8 @@ def test_bins_move_off_a_slowed_instance_manager():
     assert "of agg[0] go to agg[1]" in first["reason"] and first["report"]["bins"] > 0, first
     assert owners.count(0) < 2048 - first["report"]["bins"] // 2, figures
     # the hog made the outputs fall behind the sends; in the last window they keep up again, close behind
-    assert monitor.lag_ms(t_decided - 1.0, t_decided) >= 2 * MIN_LAG_MS and \
-        monitor.throughput(*hog_window) < 0.8 * RATE, f"the hog did not slow it: {figures}"
+    assert monitor.lag_ms(t_decided - 1.0, t_decided) >= max(2 * MIN_LAG_MS, 3 * figures["lag (ms) before the hog"]), \
+        f"the hog did not slow it: {figures}"
     assert recovered is not None, f"the query did not recover in {DEADLINE_S} s: {figures}"
     assert keeps_up(monitor, t_end, t_decided), figures
     # nothing lost, nothing doubled, nothing changed by the moves

@@ -83,6 +83,7 @@ def test_a_replicated_deployment_migrates_moves_and_rescales_under_input(engine)
     sender.wait_done(10, LIMIT_S)
 
     asked = {b: 1 - b % 2 for b in range(BINS)}  # even bins to instance 1, odd ones to 0
+    sender.pace_s = 0  # sends back to back while the deployment changes: a move takes a few ms
     reports = [dep.migrate("agg", asked, strategy="fluid", gap_ms=20)]
     assert dep.bin_owners("agg") == [asked[b] for b in range(BINS)]
 
@@ -97,6 +98,7 @@ def test_a_replicated_deployment_migrates_moves_and_rescales_under_input(engine)
     assert sorted(np.bincount(owners, minlength=3)) == [5, 5, 6], owners
     assert dep.parallelism == {"SQ1": 3}
     assert [sorted(p) for p in placement(dep)] == [[0, 1, 2], [0, 1, 2]], dep.explain()
+    sender.pace_s = 0.02
     assert all(r["latency_epochs"] for r in reports), reports  # sends were taken during each
 
     # the rest of the output from the other replica: the replica whose rows were published loses one
