@@ -34,6 +34,12 @@ SIGNALS = {"h1": signal.SIGINT, "h2": signal.SIGTERM, "h3": signal.SIGTERM, "w1"
            "w2": signal.SIGTERM, "o2": signal.SIGINT, "o1": signal.SIGTERM}
 
 
+def ctrl_c_delivered() -> None:
+    """In the child, before exec: SIGINT as in a terminal's foreground process. A test run started in the
+    background (``nohup``, ``&``) has it ignored, and an ignored SIGINT is inherited."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Cluster:
     """The processes of one cluster on ``hosts``/``root``, each logging to ``<work>/<name>.log``."""
 
@@ -48,7 +54,8 @@ class Cluster:
             self.procs[name] = subprocess.Popen(
                 [sys.executable, "-m", "sparkcep", *argv, "--zk", self.zk, "--name", name, "--token-file",
                  str(self.token_file)], env=ENV, stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE if kind == "worker" else subprocess.DEVNULL, stderr=log)
+                stdout=subprocess.PIPE if kind == "worker" else subprocess.DEVNULL, stderr=log,
+                preexec_fn=ctrl_c_delivered)
 
     def start_all(self) -> None:
         """Engine hosts first (registered, the leader starts none of its own), workers, then o1 and o2."""
