@@ -11,9 +11,7 @@ open loop at that rate and the windows are 100 ms, so a run closes hundreds
 of them. Each engine first runs the query untimed on 80,000 records of
 another seed. Prints records/s for both, the ratio, and both engines'
 latency (window closed -> result out) per result row and per window close,
-with how many samples each summarises. While ``Engine.local(workers=N)`` is
-not available it says so and runs with ``workers=0`` (every instance in this
-process).
+with how many samples each summarises.
 """
 
 from __future__ import annotations
@@ -24,10 +22,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 try:
-    import sparkcep as cep
+    import sparkcep  # noqa: F401
 except ModuleNotFoundError:  # run from a source checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    import sparkcep as cep
 
 from rich.console import Console
 
@@ -45,13 +42,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
 
     workers = a.workers
-    try:
-        cep.Engine.local(workers=workers).close()
-    except cep.SparkcepError as e:
-        print(f"note: Engine.local(workers={workers}) is not available ({e} [{e.code}]); "
-              "running with workers=0: every instance in this process, one core")
-        workers = 0
-    args = SimpleNamespace(workers=workers, instances=max(1, a.workers), ips=a.ips, seed=a.seed)
+    args = SimpleNamespace(workers=workers, instances=max(1, workers), ips=a.ips, seed=a.seed)
     console = Console(stderr=True)
     latency = bool(a.rate)
     ours = cli.run_sparkcep("fixwindow", a.rate, a.events, args, console, latency)
