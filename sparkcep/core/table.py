@@ -13,8 +13,8 @@ Why entries sit in the slots: the HiBench-fixwindow state (100K keys,
 16 MB of slots) does not fit in the core's caches, so the window aggregate
 is bound by how many cache lines a tuple touches and how many of those
 misses overlap. One line per tuple (an entry row of 64 bytes for count +
-min: 5 key columns, 3 accumulator slots), prefetched by :func:`touch` for a
-group of tuples before any of them is processed, and probe runs kept short
+min: 5 key columns, 3 accumulator slots), prefetched by :func:`touch` a few
+dozen tuples before it is processed, and probe runs kept short
 (:func:`rehash_bin`), is what makes it fast.
 
 Kernels take the arrays as one tuple ``T`` (numba caches plain functions,
