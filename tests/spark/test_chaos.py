@@ -213,7 +213,7 @@ def test_the_cluster_survives_20_faults_with_no_row_lost_or_doubled(spark, tmp_p
         for kind in ("primary", "standby", "leader", "worker", "pause", "restart"):
             times = [r[1] for r in recovery if r[0] == kind]
             gaps = [output_gap(arrivals, r[2], r[3]) for r in recovery if r[0] == kind]
-            print(f"{kind:>8} x{len(times)}: a send begun after it taken {statistics.median(times):.2f} s later "
+            print(f"{kind:>8} x{len(times)}: a send begun after it was taken {statistics.median(times):.2f} s later "
                   f"(median; max {max(times):.2f} s), longest output gap {max(gaps):.2f} s")
         took = [r[1] for r in kills]
         print(f"{len(recovery)} faults, {len(kills)} kills: sends taken again after median {statistics.median(took):.2f} "
