@@ -64,6 +64,17 @@ def engine():
         yield e
 
 
+def sending(engine, stream: str, pace_s: float) -> tuple[Sender, list[int]]:
+    """A started :class:`Sender` of ``events(0), events(1), ...`` to ``stream``, and the list of the sends
+    it made (for the reference run)."""
+    sent: list[int] = []
+
+    def send(i):
+        engine.send(stream, events(i))
+        sent.append(i)
+    return Sender(send, itertools.count(), pace_s=pace_s).start(), sent
+
+
 def placement(dep) -> list[dict[int, str]]:
     """Per replica, instance -> the instance manager it runs on (from ``explain()``, which shows every replica)."""
     out: list[dict[int, str]] = [{}, {}]
@@ -74,12 +85,7 @@ def placement(dep) -> list[dict[int, str]]:
 
 def test_a_replicated_deployment_migrates_moves_and_rescales_under_input(engine):
     dep = engine.deploy(query("rm"), parallelism=2, bins=BINS, replicas=2)
-    sent: list[int] = []
-
-    def send(i):
-        engine.send("rm_in", events(i))
-        sent.append(i)
-    sender = Sender(send, itertools.count(), pace_s=0.02).start()
+    sender, sent = sending(engine, "rm_in", pace_s=0.02)
     sender.wait_done(10, LIMIT_S)
 
     asked = {b: 1 - b % 2 for b in range(BINS)}  # even bins to instance 1, odd ones to 0
@@ -147,12 +153,7 @@ def test_a_slow_catch_up_holds_the_sources_back(engine, monkeypatch):
         time.sleep(SLOW_S)
         relay(self, sender, record)
     monkeypatch.setattr(Cluster, "_relay", slow_relay)
-    sent: list[int] = []
-
-    def send(i):
-        engine.send("bp_in", events(i))
-        sent.append(i)
-    sender = Sender(send, itertools.count(), pace_s=0.01).start()
+    sender, sent = sending(engine, "bp_in", pace_s=0.01)
     sender.wait_done(10, LIMIT_S)
     victim = next(im for im in engine.instance_managers() if im["name"] in placement(dep)[0].values())
     assert sender.during_send(lambda: os.kill(victim["pid"], signal.SIGKILL))
