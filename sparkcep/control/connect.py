@@ -11,7 +11,10 @@ answers that it no longer serves (``NOT_PRIMARY``: a standby, or a host
 that lost its registry session), a call finds it again in the registry and
 tries again, for up to ``retry_s`` seconds (default 30). Every retry is
 idempotent: a send carries a send id, and the engine takes a send id once;
-reads name positions; ends and commits may be repeated. Past the bound the
+reads name positions; ends and commits may be repeated. A data path that hangs
+(a stopped process keeps its connections open) is left as soon as the
+registry names another one: a call waiting on it is ended and tried there.
+Past the bound the
 call raises ``DATA_PATH_UNREACHABLE``; for a send it says whether the rows
 were taken (``SEND_NOT_TAKEN``: no attempt reached the engine) or may have
 been (``SEND_UNCONFIRMED``: send the same data again with the same
@@ -44,6 +47,7 @@ REQUEST_TIMEOUT_S = 120.0  # a deploy waits this long for an orchestrator to ans
 REGISTRY_TIMEOUT_S = 10.0  # to reach a cluster's registry to find its engine host
 RETRY_S = 30.0  # a call rides through a data path's failure this long before it raises
 POLL_S = 0.05
+HANG_CHECK_S = 0.5  # a call waiting this long looks at the registry: has another engine host taken over?
 MEMBERS_WAIT_S = 60.0  # a deploy waits this long for the instance managers it needs to join
 SETTLE_S = 3.0  # and, once it has them, for more to spread on, while they keep joining
 log = logging.getLogger("sparkcep")
@@ -75,6 +79,9 @@ class DataPath:
         self.registry = open_registry(zk, session_timeout=2.0, timeout=REGISTRY_TIMEOUT_S, token=token)
         self._address: str | None = None
         self._lock = threading.Lock()
+        self._waiting: dict[EngineClient, float] = {}  # clients with a call under way -> since when
+        self._closed = threading.Event()
+        threading.Thread(target=self._watch, name="sparkcep-datapath-watch", daemon=True).start()
 
     def address(self, deadline: float) -> str:
         """Where the data path serves now, waiting for the registry to name one until ``deadline``."""
@@ -116,7 +123,13 @@ class DataPath:
             try:
                 if client is None:
                     client = self.client(deadline)
-                return fn(client), client
+                with self._lock:
+                    self._waiting[client] = time.monotonic()
+                try:
+                    return fn(client), client
+                finally:
+                    with self._lock:
+                        self._waiting.pop(client, None)
             except SparkcepError as e:
                 if not retryable(e):
                     raise
@@ -130,7 +143,28 @@ class DataPath:
                                   f"(last: {last} [{last.code}])", "DATA_PATH_UNREACHABLE")
             time.sleep(POLL_S)
 
+    def _watch(self) -> None:
+        """End the calls waiting on an engine host that the registry no longer names (it hangs while another
+        one serves): they are tried again there."""
+        while not self._closed.wait(HANG_CHECK_S):
+            now = time.monotonic()
+            with self._lock:
+                waiting = [c for c, since in self._waiting.items() if now - since > HANG_CHECK_S]
+            if not waiting:
+                continue
+            try:
+                doc = self.registry.get(tree.ENGINE)
+            except RegistryError:
+                continue
+            for client in waiting:
+                if doc and doc["address"] != client.address:
+                    log.warning("the data path at %s does not answer and %s serves now: trying there",
+                                client.address, doc["address"])
+                    self.moved(client.address)
+                    client.abort()
+
     def close(self) -> None:
+        self._closed.set()
         self.registry.close()
 
 

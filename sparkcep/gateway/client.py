@@ -123,6 +123,16 @@ class EngineClient:
         with self._lock:
             self._drop()
 
+    def abort(self) -> None:
+        """From another thread: end the request under way, which then raises ``EngineNotFoundError`` (its
+        engine hangs, and another one serves)."""
+        sock = self._sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
     # --- operations ------------------------------------------------------------------
     def hello(self) -> dict:
         """``{"pid", "address", "version", "engine"}`` of the engine process (``engine``: its run id)."""
