@@ -16,8 +16,11 @@ their rows through). Then, while the query keeps taking input:
    ``E``; the sources feed it from ``E`` on, and its channels hold that input
    (bounded, back-pressuring the sources if the copy takes long) until
    the state is installed. Nothing before ``E`` is needed: the copy holds it.
-3. Once every copy is installed it runs in step again and both replicas'
-   rows meet in the dedup sink.
+3. Its sink publishes nothing until the survivor's rows of the epochs
+   before ``E`` are out (the dedup sink takes epochs in order: a later
+   one first would drop them). Once every copy is installed and those rows
+   are out, it runs in step again and both replicas' rows meet in the
+   dedup sink.
 
 Not piecemeal: every instance of the lost replica is rebuilt (those on live
 instance managers in place); its survivors could not be kept, as they
@@ -111,10 +114,12 @@ def rebuild(rs, r: int, cluster, lock, changes) -> None:
                 if exports:
                     survivor.control(*exports)
                 lost.rejoin(survivor)
+                lost.sink.after = (survivor.sink, survivor.epoch - 1)  # the survivor's rows before E go first
                 dead = lost.cut_over(gen, imports, retire=False)
                 rs.states[r] = CATCHING_UP
             lost.drop(dead)  # its parts on live instance managers go, off the send path
             entry["bytes"] = lost.await_handoffs(tickets)
+            _await_survivor(lost, survivor, entry["epoch"] - 1)
             rs.states[r] = RUNNING
             entry["duration_s"] = round(time.monotonic() - t0, 6)
             log.warning("query %s: replica %d caught up from replica %d in %.3f s (%d bytes of state)",
@@ -125,6 +130,18 @@ def rebuild(rs, r: int, cluster, lock, changes) -> None:
             log.warning("query %s: replica %d cannot be rebuilt: %s; it runs on %d replica(s)",
                         rs.query.name, r, e, len(rs.running()))
         rs.catchups.append(entry)
+
+
+def _await_survivor(lost, survivor, epoch: int, timeout: float = ROOM_WAIT_S) -> None:
+    """Wait until the survivor's rows up to ``epoch`` reached the outputs: only then does the rebuilt replica
+    carry the query alone if the survivor dies (its sink publishes nothing before)."""
+    deadline = time.monotonic() + timeout
+    while lost.sink.done_epoch < epoch:
+        survivor.check()
+        if time.monotonic() > deadline:
+            raise EngineError(f"query {lost.query.name}: the survivor's outputs stayed behind epoch {epoch} for "
+                              f"{timeout:.0f} s", "WAIT_TIMEOUT")
+        time.sleep(0.002)
 
 
 def start_rebuild(rs, cluster, lock, changes):

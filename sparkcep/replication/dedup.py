@@ -6,8 +6,11 @@ epoch's rows only once all its instances closed that epoch, so an epoch
 arrives whole or not at all. The first replica to deliver an epoch has its
 rows published — the first copy of each of their output ids — and the other
 replica's copy of that epoch, arriving later, is dropped. Nothing is held
-for matching: the only state is the last epoch published. When a replica
-stops, the survivor's epochs simply keep coming first: no gap, no duplicate.
+for matching: the only state is the last epoch published, which holds
+because epochs arrive in order: each replica's in its own order, and a
+rebuilt replica's only once the survivor's earlier ones are out
+(:mod:`.catchup`). When a replica stops, the survivor's epochs simply keep
+coming first: no gap, no duplicate.
 """
 
 from __future__ import annotations
@@ -32,10 +35,10 @@ class DedupSink:
                 if epoch <= self.published:
                     self.dropped_rows += sum(b.num_rows for batches in per_log.values() for _, b in batches)
                     return
+                for out, batches in per_log.items():  # a log refusing them (NotHeld): offered again later
+                    self.logs[out].extend(batches, epoch)
                 self.published = epoch
                 self.first[replica] = self.first.get(replica, 0) + 1
-                for out, batches in per_log.items():
-                    self.logs[out].extend(batches, epoch)
         return deliver
 
     def snapshot(self, lags: dict[int, int]) -> dict:

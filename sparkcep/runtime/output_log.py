@@ -28,7 +28,6 @@ import numpy as np
 import pyarrow as pa
 
 from sparkcep.arguments import integer
-from sparkcep.arguments import integer
 from sparkcep.core.columns import ID, SEQ
 from sparkcep.errors import EngineError
 
@@ -58,6 +57,13 @@ class Retention:
 
 
 DEFAULT_RETENTION = Retention()
+
+
+class NotHeld(EngineError):
+    """A cluster's data path has no standby holding what a log takes now: the rows are not taken, and
+    the sink offers them again later (no reader may see a row a successor would not have)."""
+
+    code = "NOT_HELD"
 
 
 @dataclass
@@ -118,17 +124,18 @@ class OutputLog:
         one at or before the last it took is left out (a cluster's data path
         replaying its input after a fail-over, the log already holding the
         rows it published before). With a :attr:`journal` (a cluster's data
-        path), the rows reach its standby before any reader sees them.
+        path), the rows reach its standby before any reader sees them; while
+        no standby holds them, :class:`NotHeld` and the log is unchanged.
         """
-        if epoch is not None:
-            if epoch <= self.epoch:
-                return
-            self.epoch = epoch
+        if epoch is not None and epoch <= self.epoch:
+            return
         visible = [(p, b, b.select(self.schema.names)) for p, b in batches if b.num_rows]
         stored = [self._stored_batch(b, v) if self.retain else None for _, b, v in visible]
-        if self.journal is not None and visible:
+        if self.journal is not None and visible:  # raises NotHeld while no standby would hold them
             self.journal.published(self, epoch, [(p, kept if kept is not None else b.num_rows)
                                                  for (p, b, _), kept in zip(visible, stored)])
+        if epoch is not None:
+            self.epoch = epoch
         with self._lock:
             for (partition, batch, _), kept in zip(visible, stored):
                 part = self._parts.setdefault(partition, _Partition())

@@ -10,6 +10,7 @@ from sparkcep.core import columns
 from sparkcep.runtime.channels import Abort, Consumer, Data, Progress, Retire
 from sparkcep.runtime.layout import Endpoint, Layout
 from sparkcep.runtime.metrics import EpochClock, Histogram, record_latency
+from sparkcep.runtime.output_log import NotHeld
 
 EPOCH_LOG = 1 << 14  # epochs whose publication the sink remembers (time, epoch, latency)
 
@@ -36,7 +37,13 @@ class Sink:
     and retires the old ones when their ``Retire`` record arrives.
 
     ``deliver(epoch, {output: [(partition, batch)]})`` takes each epoch's rows;
-    by default they go into the output logs.
+    by default they go into the output logs. When a log cannot show rows yet
+    (:class:`~sparkcep.runtime.output_log.NotHeld`: a cluster's data path
+    without a standby), that epoch and the later ones wait for the next poll.
+
+    ``after = (sink, epoch)``: publish nothing until ``sink`` published up to
+    ``epoch`` — a replica rebuilt from epoch ``epoch + 1`` on, whose
+    survivor's earlier epochs must reach the logs first.
     """
 
     def __init__(self, layout: Layout, logs: dict, clock: EpochClock, deliver=None):
@@ -49,6 +56,7 @@ class Sink:
         self.latency: dict[str, Histogram] = {}
         self.rows: dict[str, int] = {}
         self.epoch_log: deque = deque(maxlen=EPOCH_LOG)  # (publication time ns, epoch, latency ns)
+        self.after: tuple[Sink, int] | None = None
 
     def add(self, channels: dict[Endpoint, Consumer], after_epoch: int) -> list[Feed]:
         """Read ``channels`` (producer -> end) from epoch ``after_epoch + 1`` on; returns their feeds."""
@@ -82,16 +90,29 @@ class Sink:
         if done and any(f.retired for f in self.feeds):
             self.feeds = [f for f in self.feeds if not f.retired]
         closed = min((f.epoch for f in self.feeds), default=0)
-        if closed > self.published:
+        if closed > self.published and self._behind() is None:
             self._publish(closed)
         return done
+
+    def _behind(self) -> int | None:
+        """The epoch another sink publishes first (:attr:`after`), while it has not yet."""
+        if self.after is not None:
+            sink, epoch = self.after
+            if sink.published < epoch:
+                return sink.published
+            self.after = None
+        return None
 
     def _publish(self, upto: int) -> None:
         now = time.monotonic_ns()
         for epoch in sorted(e for e in self.staged if e <= upto):
-            messages = self.staged.pop(epoch)
             if epoch not in self.aborted:
-                self._stage_out(epoch, messages, now)
+                try:
+                    self._stage_out(epoch, self.staged[epoch], now)
+                except NotHeld:
+                    upto = epoch - 1
+                    break
+            del self.staged[epoch]
         for epoch in range(self.published + 1, upto + 1):
             arrival = self.clock.arrival_of(epoch)
             if arrival is not None:
@@ -102,12 +123,14 @@ class Sink:
     def _stage_out(self, epoch: int, messages: list[tuple[int, Data]], now: int) -> None:
         per_log: dict[str, list] = {}
         for partition, msg in messages:
-            seq = msg.batch.column(columns.SEQ).to_numpy()
             for out in self.layout.output_names(msg.port):
-                record_latency(self.latency.setdefault(out, Histogram()), self.clock, seq, now)
-                self.rows[out] = self.rows.get(out, 0) + msg.batch.num_rows
                 per_log.setdefault(out, []).append((partition, msg.batch))
         self.deliver(epoch, per_log)
+        for out, batches in per_log.items():
+            for _, batch in batches:
+                seq = batch.column(columns.SEQ).to_numpy()
+                record_latency(self.latency.setdefault(out, Histogram()), self.clock, seq, now)
+                self.rows[out] = self.rows.get(out, 0) + batch.num_rows
 
     def _into_logs(self, epoch: int, per_log: dict[str, list]) -> None:
         """One epoch's rows into the logs, each log taking all of them at once."""
@@ -121,4 +144,5 @@ class Sink:
     @property
     def done_epoch(self) -> int:
         """Every epoch up to this one has fully reached the output logs."""
-        return self.published
+        behind = self._behind()
+        return self.published if behind is None else min(self.published, behind)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -143,3 +144,51 @@ def test_a_standby_refuses_an_older_era_and_everything_once_fenced():
                     assert e.code == "FENCED"
     finally:
         standby.close()
+
+
+def want_windows(sends: int) -> dict:
+    """``dq_win`` of a run without failure of ``sends`` batches."""
+    with cep.Engine.local(workers=0) as ref:
+        ref.deploy(query(), parallelism=2)
+        for i in range(sends):
+            ref.send("dq_in", batch(i))
+        ref.end("dq_in")
+        return logs(ref)["dq_win"]
+
+
+def test_no_reader_sees_a_row_the_standby_does_not_hold():
+    """The primary's standby is fenced (it took over, or was dropped): the rows the primary's queries produce
+    from then on are not shown to readers until a new standby, named in the registry, holds them. Before,
+    a reader saw them, and the successor, without them, refused its position (``OFFSET_RANGE``) or gave
+    other rows there."""
+    first_standby, second_standby = Standby(), Standby()
+    engine = primary(first_standby)
+    try:
+        engine.deploy(query(), parallelism=2)
+        dep_id = engine.deployments["dq"].id
+
+        def held(standby):
+            return {name: standby.backup.logs[dep_id][name].latest() for name in engine.outputs}
+
+        def shown():
+            return {name: log_.latest() for name, log_ in engine.outputs.items()}
+        for i in range(3):
+            engine.send("dq_in", batch(i))
+        assert shown() == held(first_standby) and sum(shown()["dq_all"].values()) > 0
+        first_standby.backup.fenced = True  # its next entry fails: it is dropped
+        for i in range(3, 6):
+            engine.send("dq_in", batch(i))
+        assert shown() == held(first_standby)  # nothing more for readers
+        engine.journal.token = second_standby.engine.token
+        engine.journal.attach("second", second_standby.engine.endpoint.address)
+        engine.send("dq_in", batch(6))
+        assert shown() == held(first_standby)  # synced, but not named in the registry yet
+        engine.journal.mark_recorded("second")
+        engine.end("dq_in")  # the sink offers the rows again: the second standby takes them
+        assert shown() == held(second_standby) and shown() != held(first_standby)
+        assert logs(engine)["dq_win"] == want_windows(7)
+    finally:
+        engine.journal.close()
+        engine.close()
+        first_standby.close()
+        second_standby.close()

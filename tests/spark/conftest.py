@@ -49,6 +49,15 @@ def spark(sparkcep_home):
     session.stop()
 
 
+@pytest.fixture(autouse=True)
+def no_query_left(request):
+    """A test's streaming queries stop with it, even when it failed: one left running disturbs the next."""
+    yield
+    if "spark" in request.fixturenames:
+        for q in request.getfixturevalue("spark").streams.active:
+            q.stop()
+
+
 @pytest.fixture
 def engine(sparkcep_home):
     """A fresh engine with its loopback endpoint, closed after the test."""

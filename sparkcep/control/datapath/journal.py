@@ -16,8 +16,11 @@ every entry so far. Without one it answers ``NO_STANDBY`` (clients try
 again, under the same send id), so no acknowledged row is held by one
 process only, and only once the registry names that standby as this era's
 (:meth:`Journal.mark_recorded`): a standby dropped since cannot take over
-with less than was acknowledged. A standby that fails or does not answer
-within :data:`LINK_TIMEOUT_S` is dropped.
+with less than was acknowledged. Output rows obey the same rule before any
+reader sees them: without a recorded standby to take them, a log refuses
+them (:class:`~sparkcep.runtime.output_log.NotHeld`) and the sink offers
+them again later. A standby that fails or does not answer within
+:data:`LINK_TIMEOUT_S` is dropped.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from sparkcep.control.datapath.wire import frames
 from sparkcep.errors import EngineError, SparkcepError
 from sparkcep.gateway.client import EngineClient
 from sparkcep.gateway.deployed import options_to_wire
+from sparkcep.runtime.output_log import NotHeld
 
 log = logging.getLogger("sparkcep")
 LINK_TIMEOUT_S = 5.0  # a standby that makes no progress on a request for this long is dropped
@@ -86,12 +90,18 @@ class Journal:
                      "owners": {op: t.owners.tolist() for op, t in dep.tables.items()}})
 
     def published(self, log_, epoch, parts) -> None:
-        """Rows an output log takes (``(partition, stored batch or rows)``), before any reader sees them."""
+        """Rows an output log takes (``(partition, stored batch or rows)``), before any reader sees them:
+        :class:`NotHeld` unless the recorded standby took them (the log takes them later)."""
         batches = [kept for _, kept in parts if not isinstance(kept, int)]
-        self._replicate({"kind": "publish", "deployment": log_.deployment, "output": log_.name, "epoch": epoch,
-                         "bases": {str(p): v for p, v in log_.bases().items()},
-                         "parts": [[p, kept if isinstance(kept, int) else None] for p, kept in parts],
-                         "batches": batches or None})
+        with self.lock:
+            if self.recorded:
+                self._replicate({"kind": "publish", "deployment": log_.deployment, "output": log_.name,
+                                 "epoch": epoch, "bases": {str(p): v for p, v in log_.bases().items()},
+                                 "parts": [[p, kept if isinstance(kept, int) else None] for p, kept in parts],
+                                 "batches": batches or None})
+            if not self.recorded:
+                raise NotHeld(f"output {log_.name!r}: no standby holds the data path now (one is being started, "
+                              "synced or recorded): its rows wait for it", "NOT_HELD")
 
     def consumed(self, log_, kind: str, consumer: str, positions) -> None:
         positions = None if positions is None else {str(p): int(v) for p, v in positions.items()}
