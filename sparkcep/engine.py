@@ -354,7 +354,7 @@ class Engine:
         with self._lock:
             if src.time_field is not None:
                 seen = max(dep.sources[stream].max_ts for dep in deps)
-                times = [b.column(src.time_field).cast(pa.int64()).to_numpy() for b in batches]
+                times = [columns.as_int64(b.column(src.time_field)).to_numpy() for b in batches]
                 ts = times[0] if len(times) == 1 else np.concatenate(times)
                 check_event_times(stream, src.time_field, ts, None if seen == WM_NONE else seen, src.max_ahead_us)
             return self._send(stream, deps, batches, src.time_field, key)

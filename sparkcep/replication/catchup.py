@@ -37,6 +37,7 @@ from sparkcep.errors import EngineError
 from sparkcep.migration.megaphone import ticket
 from sparkcep.replication.replicas import CATCHING_UP, FAILED, RUNNING
 from sparkcep.runtime.channels import Export, Import
+from sparkcep.runtime.deployment import HANDOFF_TIMEOUT_S
 from sparkcep.runtime.placement import extend
 
 log = logging.getLogger("sparkcep")
@@ -132,7 +133,7 @@ def rebuild(rs, r: int, cluster, lock, changes) -> None:
         rs.catchups.append(entry)
 
 
-def _await_survivor(lost, survivor, epoch: int, timeout: float = ROOM_WAIT_S) -> None:
+def _await_survivor(lost, survivor, epoch: int, timeout: float = HANDOFF_TIMEOUT_S) -> None:
     """Wait until the survivor's rows up to ``epoch`` reached the outputs: only then does the rebuilt replica
     carry the query alone if the survivor dies (its sink publishes nothing before)."""
     deadline = time.monotonic() + timeout
