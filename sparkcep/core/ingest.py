@@ -23,6 +23,9 @@ _SAFE = {("int32", "int64"), ("int32", "float64"), ("int64", "float64"), ("float
 
 def to_batch(stream: str, schema: Schema, data, time_field: str | None) -> pa.RecordBatch:
     """The validated batch (visible fields only) for ``data`` sent into ``stream``."""
+    arrow = schema.to_arrow()
+    if isinstance(data, pa.RecordBatch) and data.schema.equals(arrow, check_metadata=True):  # as it is
+        return _check_times(stream, data, time_field)
     columns = _columns(stream, data)
     names = list(columns)
     unknown = [n for n in names if n not in schema.fields]
@@ -37,7 +40,11 @@ def to_batch(stream: str, schema: Schema, data, time_field: str | None) -> pa.Re
     if len(lengths) > 1:
         raise InputError(f"stream {stream!r}: columns have different lengths {sorted(lengths)}", "LENGTH")
     arrays = [_convert(stream, name, t, columns[name]) for name, t in schema.fields.items()]
-    batch = pa.RecordBatch.from_arrays(arrays, schema=schema.to_arrow())
+    return _check_times(stream, pa.RecordBatch.from_arrays(arrays, schema=arrow), time_field)
+
+
+def _check_times(stream: str, batch: pa.RecordBatch, time_field: str | None) -> pa.RecordBatch:
+    """``batch``, unless its event time is null somewhere."""
     if time_field is not None and batch.column(time_field).null_count:
         row = int(np.flatnonzero(~batch.column(time_field).is_valid().to_numpy(zero_copy_only=False))[0])
         raise InputError(f"stream {stream!r}: event-time field {time_field!r} is null at row {row}; "
