@@ -132,7 +132,9 @@ class ApplyOp(PhysicalOperator):
 
 
 class StatefulOp(PhysicalOperator, ABC):
-    """Buffers input per port; at progress consumes it in (sequence number, id) order, then fires.
+    """Buffers input per port; at progress consumes it in (sequence number, id) order, then fires
+    (with :attr:`any_order`, batch by batch: first those a firing window reads, the rest once the
+    results are out).
 
     Tuples that come after their window fired are *late*: never merged,
     counted, reported in the log the first time, and, for an aggregate with
@@ -167,18 +169,43 @@ class StatefulOp(PhysicalOperator, ABC):
         return []
 
     def advance(self, frontier, watermark):
-        """Yields what consuming the input up to ``frontier`` and firing at ``watermark`` emits."""
+        """Yields what consuming the input up to ``frontier`` and firing at ``watermark`` emits.
+
+        In any order, a batch no window firing now reads stays pending: :meth:`settle` consumes it once
+        the results are out, or the next advance does.
+        """
         self.step = (frontier, self.step[1] + 1 if frontier == self.step[0] else 0)
+        watermark = None if watermark >= WM_END else watermark
         for port, batches in enumerate(self.pending):
             if batches and self.any_order:
                 ready, self.pending[port] = _split_ready(batches, frontier)
                 for batch in ready:
-                    yield from self.consume(port, batch)
+                    if self.opens_only(batch, watermark):
+                        self.pending[port].append(batch)
+                    else:
+                        yield from self.consume(port, batch)
             elif batches:
                 ready, self.pending[port] = _take_ready(batches, frontier)
                 if ready is not None:
                     yield from self.consume(port, ready)
-        yield from self.fire(None if watermark >= WM_END else watermark)
+        yield from self.fire(watermark)
+
+    def settle(self) -> None:
+        """Consume the rows up to the last frontier that :meth:`advance` left pending. They only open
+        windows, so consuming them emits nothing; until then migration and replication move them as
+        pending rows."""
+        frontier = self.step[0]
+        if not self.any_order or frontier is None:
+            return
+        for port, batches in enumerate(self.pending):
+            if batches:
+                ready, self.pending[port] = _split_ready(batches, frontier)
+                for batch in ready:
+                    self.consume(port, batch)
+
+    def opens_only(self, batch: pa.RecordBatch, watermark: int | None) -> bool:
+        """Whether no window firing at ``watermark`` (None: the end) reads a row of ``batch``."""
+        return False
 
     @abstractmethod
     def consume(self, port: int, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
@@ -269,6 +296,10 @@ class AggregateOp(StatefulOp):
 
     def fire(self, watermark):
         return self.agg.fire(watermark)
+
+    def opens_only(self, batch, watermark):
+        return not self.running and watermark is not None and \
+            self.agg.open_after_fire(int(batch.column(columns.TS).to_numpy().min()), watermark)
 
     def output_watermark(self, watermark):
         w = self.op.window

@@ -66,6 +66,14 @@ class SubQueryInstance:
             yield from out
             yield from self._late()
 
+    def settle(self) -> None:
+        """Let a stateful head consume what its last advance left for after the results were out."""
+        if self.stateful is not None:
+            try:
+                self.stateful.settle()
+            except Exception as e:
+                raise self._failed(self.sq.head.name, e) from e
+
     def _late(self) -> Iterator[tuple[str, pa.RecordBatch]]:
         """The late tuples the head put aside, as the output of its LateRows operator."""
         head = self.head

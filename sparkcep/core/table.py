@@ -321,35 +321,39 @@ def sweep_tombstones(ent, meta, b):
 
 @njit(nogil=True, cache=True)
 def take_expired(T, max_wstart, lo, hi):
-    """Take out every window entry of bins ``[lo, hi)`` starting at or before ``max_wstart``, in one
-    pass, bin by bin in slot order: (their bins, columns, key offsets, key bytes), as :func:`take_entries`.
+    """Take out every window entry of bins ``[lo, hi)`` starting at or before ``max_wstart``, bin by
+    bin in slot order: (their bins, columns, key offsets, key bytes), as :func:`take_entries`.
 
-    The scan is branch-free: every slot is copied to the next output column,
-    which only a taken entry keeps (the output has one spare column for it).
-    Branching on each slot's state was slower: live, free and deleted slots
-    alternate at random.
+    Per bin, a branch-free pass lists the slots to take (live, free and
+    deleted slots alternate at random, so branching on each mispredicts),
+    then only those are copied out. Copying every slot branch-free and
+    keeping the taken ones took 1.33 ms where this takes 1.0 (HiBench
+    fixwindow's fire of 63K entries from 128K slots).
     """
     ent, arena, meta = T
     cap = 0
     for b in range(lo, hi):
         cap += meta[b, N_LIVE]
-    bins = np.empty(cap + 1, np.int64)
-    out = np.empty((ent.shape[2], cap + 1), np.int64)
+    bins = np.empty(cap, np.int64)
+    out = np.empty((ent.shape[2], cap), np.int64)
+    taken = np.empty(ent.shape[1], np.int64)  # the slots taken from the bin at hand
     n = 0
     for b in range(lo, hi):
         if meta[b, N_LIVE] == 0:  # e.g. a bin another instance owns: do not walk its slots
             continue
-        first = n
+        m = 0
         for e in range(ent.shape[1]):
-            k = ent[b, e, KEY]
             w = ent[b, e, WSTART]
-            take = (k >= 0) & (w != COUNTER) & (w <= max_wstart)
+            taken[m] = e
+            m += (ent[b, e, KEY] >= 0) & (w != COUNTER) & (w <= max_wstart)
+        for j in range(m):
+            e = taken[j]
             for c in range(ent.shape[2]):
-                out[c, n] = ent[b, e, c]
-            bins[n] = b
-            ent[b, e, KEY] = TOMB if take else k
-            n += take
-        meta[b, N_LIVE] -= n - first
+                out[c, n + j] = ent[b, e, c]
+            ent[b, e, KEY] = TOMB
+            bins[n + j] = b
+        n += m
+        meta[b, N_LIVE] -= m
         sweep_tombstones(ent, meta, b)
         clean(ent, arena, meta, b)
     koff, kdata = keys_out(out[:, :n], bins[:n], arena)

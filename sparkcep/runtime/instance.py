@@ -14,7 +14,10 @@ advances epoch by epoch, each time all its inputs have delivered it:
 * a stateless head processes data as it comes (results keep its epoch);
 * a stateful head is fed an epoch's data only when that epoch advances, in
   a fixed order (by producer, then arrival), then advances to the epoch's
-  frontier and the minimum of the inputs' watermarks;
+  frontier and the minimum of the inputs' watermarks; an aggregate that
+  takes rows in any order leaves the batches no window it fires reads
+  until its progress is out (``settle``): a window's results leave without
+  waiting for the rows of the next;
 * an aborted epoch (:class:`~sparkcep.runtime.channels.Abort` from every
   input) is dropped: its stash goes, nothing is consumed or fired, and the
   abort is passed on, so no output ever shows it;
@@ -158,6 +161,7 @@ class InstanceRunner:
                     self._emit(self.instance.process(edge, batch), stamp)
             self._emit(self.instance.advance(first.frontier, watermark), stamp)
             self.router.progress(epoch, first.frontier, self.instance.output_watermark(watermark), first.arrival)
+            self.instance.settle()
             self.counters.epoch = epoch
 
     def _control(self, record: Control) -> None:
