@@ -67,7 +67,8 @@ class SubQueryInstance:
             yield from self._late()
 
     def settle(self) -> None:
-        """Let a stateful head consume what its last advance left for after the results were out."""
+        """Let a stateful head consume what its last advance left for after the results were out. Failing
+        here fails the deployment after that epoch's results are out, which do not read these rows."""
         if self.stateful is not None:
             try:
                 self.stateful.settle()

@@ -291,3 +291,35 @@ def test_a_large_fire_leaves_in_batches_of_about_fire_rows(monkeypatch):
         assert len(batches) >= n // 2000 and max(b.num_rows for b in batches) <= 2000 * 5 // 4
         assert sum(b.num_rows for b in batches) == n
     check(ref.Time(10 * S), sends, funcs=funcs)
+
+
+def test_a_fire_does_not_wait_for_the_rows_of_later_windows():
+    """An order-free aggregate fires before consuming a batch no firing window reads; settle() (after
+    the results are out) or the next advance consumes it. The windows come out all the same."""
+    import numpy as np
+
+    from sparkcep.core import columns
+    from sparkcep.core.operators import WM_END, physical
+    q = cep.Query("settle")
+    op = physical(q.stream("ev", "k string, ts timestamp").aggregate(cep.TimeWindow("1s"), by="k", n=cep.count()).op, 8)
+
+    def batch(seq0, secs):
+        ts = [T0 + int(s * S) for s in secs]
+        n = len(ts)
+        return pa.RecordBatch.from_arrays(
+            [pa.array(["a"] * n), pa.array(ts, pa.timestamp("us")), pa.array(np.arange(seq0, seq0 + n)),
+             pa.array(np.zeros(n, np.int64)), pa.array(ts), pa.array(np.full(n, T0))], names=["k", "ts", *columns.HIDDEN])
+
+    def counts(batches):
+        return [(b.column("window_start")[i].value - T0, b.column("n")[i].as_py()) for b in batches for i in range(b.num_rows)]
+
+    op.process(0, batch(0, [0.1, 0.5]))
+    assert counts(op.advance(1, T0 + int(0.5 * S))) == []
+    op.settle()
+    op.process(0, batch(2, [1.2, 1.5]))  # the next window's rows close the first
+    assert counts(op.advance(3, T0 + int(1.5 * S))) == [(0, 2)]
+    assert [b.num_rows for b in op.pending[0]] == [2]  # not consumed yet: the fire did not wait for them
+    op.settle()
+    assert op.pending[0] == []
+    op.process(0, batch(4, [1.7]))
+    assert counts(op.advance(4, WM_END)) == [(S, 3)]
