@@ -1,4 +1,4 @@
-"""Arguments of the public API: misspelled keywords refused by name, integers taken as Python users hold them.
+"""Arguments of the public API: misspelled keywords refused by name, numbers taken as Python users hold them.
 
 Python's own ``TypeError`` ("unexpected keyword argument") names no
 alternative and escapes the engine's error root; :func:`checked` turns it
@@ -69,3 +69,20 @@ def integer(value, name: str, minimum: int | None = None, maximum: int | None = 
     if maximum is not None and n > maximum:
         raise error(f"{name} must be <= {maximum}, got {n}", code)
     return n
+
+
+def scalar(value):
+    """A numpy scalar (``np.int64(5)``, ``np.bool_``, ``np.datetime64``, ``np.timedelta64``) as the Python
+    value it holds: int, float, bool, str, ``datetime.datetime``, ``datetime.timedelta``, None for NaT.
+    Times go through microseconds, the engine's unit. Anything else is returned as it is.
+
+    Duck-typed: the query layer does not import numpy.
+    """
+    if type(value).__module__ != "numpy" or getattr(value, "ndim", None) != 0:
+        return value
+    kind = value.dtype.kind
+    if kind == "M":
+        return value.astype("datetime64[us]").item()
+    if kind == "m":
+        return value.astype("timedelta64[us]").item()
+    return value.item()

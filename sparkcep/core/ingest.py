@@ -112,6 +112,8 @@ def _convert(stream: str, field: str, want: str, values) -> pa.Array:
         arr = _convert_explicit(stream, field, want, values, target, e)
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
+    if pa.types.is_dictionary(arr.type):  # pandas' category dtype: its values are what is sent
+        arr = arr.dictionary_decode()
     if arr.type == target:
         return arr
     if pa.types.is_null(arr.type):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from sparkcep.arguments import integer
+from sparkcep.arguments import integer, scalar
 from sparkcep.errors import QueryError, SchemaError
 from sparkcep.schema import Schema
 
@@ -104,6 +104,7 @@ class Col(Expr):
 
 class Lit(Expr):
     def __init__(self, value):
+        value = scalar(value)
         if isinstance(value, dt.datetime):
             value = _to_us(value)
             self.kind = "timestamp"
@@ -241,7 +242,7 @@ def col(name: str) -> Col:
 
 
 def lit(value) -> Lit:
-    """A constant: int, float, bool, str, datetime or None."""
+    """A constant: int, float, bool, str, datetime or None (numpy scalars too)."""
     return Lit(value)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 
-from sparkcep.arguments import checked, integer
+from sparkcep.arguments import checked, integer, scalar
 from sparkcep.errors import QueryError
 
 _UNITS_US = {"us": 1, "ms": 1_000, "s": 1_000_000, "m": 60_000_000, "min": 60_000_000,
@@ -14,7 +14,8 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(us|ms|s|min|m|h|d)\s*$")
 
 
 def duration_us(value, what: str = "duration") -> int:
-    """Microseconds in ``"30s"``, ``"500ms"``, ``"5m"``, a timedelta or a number of seconds."""
+    """Microseconds in ``"30s"``, ``"500ms"``, ``"5m"``, a timedelta or a number of seconds (numpy's too)."""
+    value = scalar(value)
     if isinstance(value, dt.timedelta):
         us = value // dt.timedelta(microseconds=1)
     elif isinstance(value, (int, float)) and not isinstance(value, bool):

@@ -142,6 +142,11 @@ def test_input_formats_and_widening():
                                   "v": [1, None], "x": pa.array([1.0, None], pa.float32()), "n": [3, None]}),
         "pandas": pd.DataFrame({"k": ["a", "b"], "ts": pd.to_datetime(ts, unit="us"), "v": pd.array([1, None], "Int64"),
                                 "x": [1.0, np.nan], "n": pd.array([3, None], "Int32")}),
+        "pandas categories": pd.DataFrame({"k": pd.Categorical(["a", "b"]), "ts": pd.to_datetime(ts, unit="us"),
+                                           "v": pd.array([1, None], "Int64"), "x": [1.0, np.nan],
+                                           "n": pd.array([3, None], "Int32")}),
+        "arrow dictionary": pa.table({"k": pa.array(["a", "b"]).dictionary_encode(), "ts": pa.array(ts, pa.timestamp("us")),
+                                      "v": [1, None], "x": [1.0, None], "n": pa.array([3, None], pa.int32())}),
         "dict": {"k": np.array(["a", "b"]), "ts": [dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=t) for t in ts],
                  "v": [1, None], "x": [1.0, None], "n": [3, None]},
     }

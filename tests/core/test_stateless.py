@@ -1,7 +1,9 @@
 """Map, Filter, Demux, Union, Apply and expression evaluation, against the reference."""
 
+import datetime as dt
 import itertools
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -137,6 +139,22 @@ def test_map_projects_exactly_and_keeps_types():
 def test_string_literal_in_map():
     got, _ = run_map({"tag": L("hello"), "k": C("k")})
     assert set(got["tag"]) == {"hello"}
+
+
+def test_numpy_scalars_are_the_literals_they_hold():
+    """np.int64(2) in an expression is the literal 2 (numpy scalars are what pandas and numpy code holds)."""
+    def query(two, half, when):
+        q = cep.Query("m")
+        s = q.stream("ev", SCHEMA)
+        q.output("out", s.filter((cep.col("x") > half) | (cep.col("ts") >= when))
+                 .map(k="k", r=cep.col("v") * two - cep.lit(two), f=cep.col("x") + half, b=cep.lit(np.bool_(True))))
+        return q
+    rows = rows_3vl()
+    when = dt.datetime(2024, 1, 1) + dt.timedelta(seconds=20)
+    got = run(query(np.int64(2), np.float32(0.5), np.datetime64(when, "ns")), [("ev", rows)]).outputs["out"]
+    want = run(query(2, 0.5, when), [("ev", rows)]).outputs["out"]
+    assert len(want) and 0 < len(want) < len(rows)
+    assert_same_rows(got, want)
 
 
 def filter_query(cond):

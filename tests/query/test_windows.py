@@ -2,6 +2,7 @@
 
 import datetime as dt
 
+import numpy as np
 import pytest
 
 import sparkcep as cep
@@ -12,12 +13,14 @@ from sparkcep.query.windows import duration_us
     ("10s", 10_000_000), ("500ms", 500_000), ("5m", 300_000_000), ("5min", 300_000_000), ("2h", 7_200_000_000),
     ("1d", 86_400_000_000), ("250us", 250), ("1.5s", 1_500_000), (" 3 s ", 3_000_000),
     (dt.timedelta(seconds=2, microseconds=7), 2_000_007), (2, 2_000_000), (0.25, 250_000),
+    (np.int64(2), 2_000_000), (np.float32(0.25), 250_000), (np.timedelta64(1500, "ms"), 1_500_000),
 ])
 def test_durations(value, us):
     assert duration_us(value) == us
 
 
-@pytest.mark.parametrize("bad", ["10", "ten s", "10 sec", "-5s", True, None, [1]])
+@pytest.mark.parametrize("bad", ["10", "ten s", "10 sec", "-5s", True, None, [1], np.bool_(True),
+                                 np.datetime64("2024-01-01"), np.array([1, 2])])
 def test_bad_durations(bad):
     with pytest.raises(cep.QueryError):
         duration_us(bad)
