@@ -150,6 +150,27 @@ OPS = st.one_of(
 )
 
 
+def test_an_abort_in_the_middle_of_a_fragmented_record_drops_its_fragments(channel):
+    """A record cut into fragments, only some of them taken when its epoch aborts: the consumer drops
+    those it has, and the next fragmented record arrives whole and alone."""
+    ch = channel(1 << 14)
+    w, r = ch.pair()
+    try:
+        huge = pa.record_batch({"i": [0], "v": [0], "s": ["z" * 40_000]})  # one row larger than the channel
+        w.send_data(0, (0, 0, 0), huge)
+        assert r.receive() is None  # the fragments that fitted: nothing whole yet
+        w.abort(0)  # the other fragments never go
+        second = _batch(1, 1, True)
+        w.send_data(0, (1, 10, 1), second)
+        w.send_progress(1, 10, -1, 7)
+        got = pump(w, r, ends_with(1))
+    finally:
+        r.close()
+        w.close()
+    assert [type(m).__name__ for m in got] == ["Abort", "Data", "Progress"]
+    assert got[1].batch.equals(second)
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(OPS, min_size=1, max_size=40))
 def test_any_sequence_arrives_in_order_and_equal(channel, ops):

@@ -97,3 +97,27 @@ def decode(kind: int, view: memoryview, data: np.ndarray, at: int, schemas: dict
     if kind == WRAP:
         return None
     raise EngineError(f"unknown channel record kind {kind}", "CHANNEL")
+
+
+class Fragments:
+    """The fragments of a record too large to travel whole, joined once its last one is in."""
+
+    def __init__(self):
+        self.parts: list[bytes] = []
+
+    def add(self, data: np.ndarray, at: int, end: int, schemas: dict[int, pa.Schema]):
+        """Add the fragment ``data[at:end]`` (its FRAGMENT_HEAD first, copied out); the message of the
+        record once this was its last fragment, else None."""
+        last, _ = FRAGMENT_HEAD.unpack_from(data, at)
+        self.parts.append(data[at + FRAGMENT_HEAD.size:end].tobytes())
+        if not last:
+            return None
+        record = b"".join(self.parts)
+        self.parts = []
+        length, kind = REC.unpack_from(record, 0)
+        return decode(kind, memoryview(record), np.frombuffer(record, np.uint8, count=length), REC.size, schemas,
+                      False)
+
+    def drop(self) -> None:
+        """Forget the fragments so far (their record was cut short by an abort)."""
+        self.parts = []

@@ -431,7 +431,7 @@ class RingConsumer(Consumer):
         self.r = int(self.ring.head[_R])
         self._next = self.r
         self.schemas: dict[int, pa.Schema] = {}
-        self._parts: list[bytes] = []  # fragments of a record larger than half the ring
+        self._fragments = rec.Fragments()  # of a record larger than half the ring
         self._peer_check = 0.0
         self.bytes_in = 0
         self.closed = False
@@ -456,12 +456,12 @@ class RingConsumer(Consumer):
             self._next = r + length
             self.bytes_in += length
             if kind == rec.FRAGMENT:
-                msg = self._fragment(pos + rec.REC.size, pos + length)
+                msg = self._fragments.add(ring.bytes, pos + rec.REC.size, pos + length, self.schemas)
             elif kind == rec.CLOSE:
                 self.closed, msg = True, None
             else:
                 if kind == rec.ABORT:
-                    self._parts = []  # a record cut short by the abort
+                    self._fragments.drop()
                 msg = rec.decode(kind, ring.view, ring.bytes, pos + rec.REC.size, self.schemas, self.copy)
             if msg is None or self.copy or kind != rec.DATA:
                 self._release()
@@ -479,19 +479,6 @@ class RingConsumer(Consumer):
         pid = int(self.ring.head[_WRITER_PID])
         if not _alive(pid) and self.r == int(self.ring.head[_W]):
             raise ChannelClosed(f"ring {self.ring.path}: its producer (pid {pid}) died")
-
-    def _fragment(self, at: int, end: int):
-        """Add one fragment; the message of the record once its last fragment is in."""
-        last, _ = rec.FRAGMENT_HEAD.unpack_from(self.ring.view, at)
-        at += rec.FRAGMENT_HEAD.size
-        self._parts.append(self.ring.bytes[at:end].tobytes())
-        if not last:
-            return None
-        record = b"".join(self._parts)
-        self._parts = []
-        length, kind = rec.REC.unpack_from(record, 0)
-        data = np.frombuffer(record, np.uint8, count=length)
-        return rec.decode(kind, memoryview(record), data, rec.REC.size, self.schemas, False)
 
     def _release(self) -> None:
         ring = self.ring

@@ -488,7 +488,7 @@ class TcpConsumer(_End, Consumer):
         self._ack_out = b""                  # an acknowledgement partly sent
         self._eof: str | None = None         # why nothing more will come
         self.schemas: dict[int, pa.Schema] = {}
-        self._parts: list[bytes] = []        # fragments of a record larger than half the capacity
+        self._fragments = rec.Fragments()    # of a record larger than half the capacity
         self.closed = False
         self.bytes_in = 0
 
@@ -582,27 +582,14 @@ class TcpConsumer(_End, Consumer):
 
     def _decode(self, kind: int, at: int, length: int):
         if kind == rec.FRAGMENT:
-            return self._fragment(at + rec.REC.size, at + length)
+            return self._fragments.add(self._np, at + rec.REC.size, at + length, self.schemas)
         if kind == rec.ABORT:
-            self._parts = []  # a record cut short by the abort
+            self._fragments.drop()
         own = at == 0 and length == self._buf.nbytes  # the buffer holds this record alone
         copy = self.copy and not own
         if kind == rec.DATA and not copy:
             self._lent = True
         return rec.decode(kind, self._buf, self._np, at + rec.REC.size, self.schemas, copy)
-
-    def _fragment(self, at: int, end: int):
-        """Add one fragment; the message of the record once its last fragment is in."""
-        last, _ = rec.FRAGMENT_HEAD.unpack_from(self._buf, at)
-        at += rec.FRAGMENT_HEAD.size
-        self._parts.append(self._np[at:end].tobytes())
-        if not last:
-            return None
-        record = b"".join(self._parts)
-        self._parts = []
-        length, kind = rec.REC.unpack_from(record, 0)
-        data = np.frombuffer(record, np.uint8, count=length)
-        return rec.decode(kind, memoryview(record), data, rec.REC.size, self.schemas, False)
 
     def _ack(self) -> None:
         """Tell the producer how much was consumed (never after CLOSE; a partly sent one is finished first)."""
