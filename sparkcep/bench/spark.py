@@ -44,7 +44,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sparkcep.bench import workloads
-from sparkcep.bench.generator import UserVisits
 from sparkcep.bench.metrics import Latency, per_close
 from sparkcep.bench.spark_queries import hibench_df
 
@@ -139,13 +138,6 @@ def write_input(dirs: dict[str, Path], source, events: int, start_us: int, rate:
         write_chunk(dirs, log, f"part-{i:06d}.parquet", source.batches(start, n, keys), keys)
     write_flush(dirs, log, source, gap_us)
     return log
-
-
-def write_files(directory: Path, gen: UserVisits, events: int, start_us: int, rate: float,
-                rows_per_file: int = 262_144) -> FileLog:
-    """HiBench records into one directory, then one record of :data:`FLUSH_IP` one window past the last."""
-    return write_input({workloads.STREAM: directory}, workloads.Records(gen), events, start_us, rate,
-                       WINDOW_S * 1_000_000, rows_per_file)
 
 
 class FileFeeder(threading.Thread):

@@ -112,7 +112,6 @@ class Endpoint:
         self.counters = {"requests": 0, "rows_in": 0, "rows_out": 0, "unauthenticated": 0, "bad_frames": 0,
                          "batch_commits": 0, "committed_partitions": 0, "duplicate_batches": 0, "duplicate_sends": 0}
         self.sent = SendIds()
-        self._refused_hosts: set[str] = set()
         self.gate = hello.Gate(engine.token)
         self._server = socket.create_server((host, port))
         self.address = f"{host}:{self._server.getsockname()[1]}"

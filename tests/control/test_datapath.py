@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -30,7 +30,6 @@ import time
 
 import numpy as np
 import pyarrow as pa
-import pytest
 
 import sparkcep as cep
 from sparkcep import auth

@@ -183,7 +183,7 @@ def test_migrations_and_balancer_decisions_are_visible(own_home, tmp_path):
     assert 0 <= sample["balancer.busy.im-0"] <= 1 and sample["balancer.queued_bytes.im-0"] >= 0
     # sparkcep status: the finished migrations and the decision, its reason and report
     assert "migrations (0 running, 2 finished):" in text, text
-    assert f"mq.per_k: migrate (fluid), 150 bins, " in text and "150 steps in " in text, text
+    assert "mq.per_k: migrate (fluid), 150 bins, " in text and "150 steps in " in text, text
     assert f"mq.per_k: rescale ({rescaled['strategy']}), {rescaled['bins']:,} bins, " in text, text
     assert "balancer (queries mq): busy im-0 " in text and "decisions (1, the last 1):" in text, text
     assert "mq.per_k rescale [done]: instance manager newcomer joined: per_k goes from 2 to 3" in text, text
