@@ -126,6 +126,8 @@ class Lit(Expr):
         return self.kind
 
     def __repr__(self):
+        if self.kind == "timestamp":
+            return f"timestamp({_from_us(self.value)!r})"
         return repr(self.value)
 
 
@@ -249,6 +251,14 @@ def lit(value) -> Lit:
 def wrap(value) -> Expr:
     """An expression as is; any other value as a literal (a str is a string literal)."""
     return value if isinstance(value, Expr) else Lit(value)
+
+
+def _from_us(us: int) -> str:
+    """Microseconds since the epoch as an ISO date and time (UTC), or the number when no datetime holds it."""
+    try:
+        return (dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=us)).isoformat(sep=" ")
+    except OverflowError:
+        return str(us)
 
 
 def _to_us(value: dt.datetime) -> int:

@@ -69,6 +69,7 @@ def test_datetime_literals_are_utc_microseconds():
     assert lit(dt.datetime(1970, 1, 1, 0, 0, 1)).value == 1_000_000
     aware = dt.datetime(1970, 1, 1, 1, 0, 0, tzinfo=dt.timezone(dt.timedelta(hours=1)))
     assert lit(aware).value == 0
+    assert repr(col("ts") >= dt.datetime(2024, 1, 1, 0, 0, 1, 500)) == "(col('ts') >= timestamp('2024-01-01 00:00:01.000500'))"
 
 
 def test_repr_is_readable():
