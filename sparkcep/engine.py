@@ -431,7 +431,9 @@ class Engine:
     def subscribe(self, output: str, callback, on_error=None) -> Subscription:
         """Call ``callback(pyarrow.RecordBatch)`` with every batch ``output`` produces from now on, and
         ``on_error(error)`` if its query fails (an instance manager died, an operator raised). Callbacks
-        run on the engine's collector thread; ``cancel()`` the returned subscription to stop them."""
+        run on the engine's collector thread; ``cancel()`` the returned subscription to stop them. A
+        ``callback`` that raises fails the query as an operator that raises does: code ``SINK``, naming
+        its error, from the next call on."""
         return self._log(output).subscribe(callback, on_error)
 
     def metrics(self) -> dict:
