@@ -125,8 +125,9 @@ class WindowJoin:
                 batch = self._join_window(int(start), *sides)
                 if batch is not None and batch.num_rows:
                     out.append(batch)
-        self.next_start = max(self.next_start, (limit // w.advance_us + 1) * w.advance_us)
-        self.fired = self.next_start
+        closed = (limit // w.advance_us + 1) * w.advance_us  # every window starting before this has fired
+        self.next_start = max(self.next_start, closed)
+        self.fired = max(self.fired, closed)  # from the watermark alone: the same in every instance
         return out + self._prune(watermark, sides)
 
     def _prune(self, watermark, sides) -> list:

@@ -319,6 +319,28 @@ def test_a_join_moved_to_a_new_instance_never_fires_a_window_again():
     assert run.rows() == unmoved(op, streams, batches, [False] * len(batches))
 
 
+def test_a_join_gathered_from_two_instances_fires_the_windows_neither_fired():
+    """Key 'c' (bin 6) stays on instance 0, key 'a' (bin 4) moves to instance 1; both see the same
+    watermarks. Then both bins go to one new instance: its window [-3 s, 1 s) holds the pair of 'c'
+    and has fired nowhere. (An instance counted the windows before its own earliest rows as fired:
+    -2 s on instance 1, so the new instance never fired [-3 s, 1 s).)"""
+    op, streams = operator("join")
+    row = lambda k, t: {"k": k, "ts": T0 + t, "v": None, "s": "x"}  # noqa: E731
+    sends = [("ev", [row("c", 0)]), ("ev", [row("a", S)]), ("ev2", [row("c", 0)]), ("ev2", [row("a", S)])]
+    batches, _ = stamp_batches(sends, {s: "ts" for s in streams}, {s: EV for s in streams})
+    assert [int(bins_of(b, ["k"])[0]) for _, b in batches] == [6, 4, 6, 4]
+    run = Run(op, streams)
+    for n, (stream, batch) in enumerate(batches):
+        if n == 1:
+            run.move({4}, None, NEW)
+        run.feed(stream, batch)
+        run.advance(False)
+    assert run.instances[0].join.fired == run.instances[1].join.fired  # the same watermark, the same windows
+    run.move({4, 6}, None, NEW)
+    run.end()
+    assert run.rows() == unmoved(op, streams, batches, [False] * len(batches))
+
+
 @pytest.mark.parametrize("kind", ["tuples", "running", "custom"])
 def test_taking_every_bin_empties_an_instance_and_a_new_one_continues(kind):
     """take_bins(None): state, pending tuples and progress; the new instance continues tuple positions

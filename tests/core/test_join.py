@@ -120,6 +120,16 @@ def test_join_fires_when_both_inputs_pass_the_window_end():
         assert e.collect("out").num_rows == 1
 
 
+def test_a_window_the_watermark_left_open_still_fires_for_rows_that_arrive_later():
+    """The watermark at 4 s (lateness 1 s) closes the windows ending by 3 s: [0, 4) is still open when
+    rows at 3.5 s arrive, and fires at the end. (The join counted every window before the earliest
+    one holding rows, [1, 5), as fired.)"""
+    sends = [("l", [lrow("x", 4, a=1)]), ("r", [rrow("x", 4, b=1)]),
+             ("l", [lrow("x", 3.5, a=2)]), ("r", [rrow("x", 3.5, b=2)])]
+    got = check(ref.Time(4 * S, 1 * S, lateness=1 * S), sends, on=["k"], parallelism=(1, 2))
+    assert 0 in set(got["window_start"] - T0)
+
+
 def test_self_join():
     schema = {"k": "string", "ts": "timestamp", "v": "int64"}
     q = cep.Query("self")
