@@ -41,21 +41,29 @@ def step_records(dep, operator: str, owners: list[int], moves: list[Move]):
     return records, [t for _, t in imports]
 
 
-def migrate_bins(replicas, lock, operator: str, steps: list[list[Move]], watch, gap_s: float = 0.0) -> None:
-    """Run ``steps`` on every replica (each a runtime deployment), step after step; ``watch`` counts them."""
+def migrate_bins(replicas, lock, operator: str, steps: list[list[Move]], watch, each, gap_s: float = 0.0) -> None:
+    """Run ``steps`` on every replica (each a runtime deployment), step after step; ``watch`` counts them.
+
+    ``each(replicas, act)`` runs ``act`` on each replica and returns those it ran on: a replica it
+    leaves out (one that failed) takes no further step.
+    """
     owners = replicas[0].bin_owners(operator)
     for k, step in enumerate(steps):
         for b, _, dst in step:
             owners[b] = dst
-        sent = []
+        tickets = {}
+
+        def send(dep):
+            records, tickets[dep] = step_records(dep, operator, list(owners), step)
+            dep.control(*records)
         with lock:  # between two epochs: the same epoch in every replica
-            for dep in replicas:
-                records, tickets = step_records(dep, operator, list(owners), step)
-                dep.control(*records)
-                sent.append((dep, tickets))
-        for dep, tickets in sent:
-            watch.bytes += dep.await_handoffs(tickets)
+            replicas = each(replicas, send)
+
+        def await_step(dep):
+            watch.bytes += dep.await_handoffs(tickets[dep])
+        replicas = each(replicas, await_step)
         watch.bins += len(step)
         watch.steps += 1
         if gap_s and k + 1 < len(steps):
             time.sleep(gap_s)
+

@@ -6,8 +6,11 @@ migration already running on the operator get a :class:`QueryError` /
 :class:`EngineError` with a code, and nothing changes), then runs while the
 query keeps taking input, and returns once the change is complete with a
 report (:mod:`sparkcep.migration.report`). A replicated deployment
-migrates every replica at the same epochs. Migrations of one deployment run
-one at a time (a second one on another operator waits for the first).
+migrates every replica at the same epochs; a replica that loses an
+instance manager meanwhile takes no further step, and is rebuilt from the
+others in the new layout once the migration is over. Migrations of one
+deployment run one at a time (a second one on another operator waits for
+the first).
 """
 
 from __future__ import annotations
@@ -114,25 +117,55 @@ class Migrator:
                                                 f"{instances} instances")
 
         def run(watch):
+            def grow(d):
+                switch(d, self.lock, {**d.parallelism, sq: instances}, self._grown(d, sq, instances), watch)
+
+            def shrink(d):  # the instances left over hold no bins now
+                placement = None if self.cluster is None else {
+                    ep: i for ep, i in d.assignment.items() if ep[0] != sq or ep[1] < instances}
+                switch(d, self.lock, {**d.parallelism, sq: instances}, placement, watch)
+
             reps = self.replicas()
             n = reps[0].parallelism[sq]
             if instances > n:  # new instances first, holding nothing; then bins move to them
-                for d in reps:
-                    switch(d, self.lock, {**d.parallelism, sq: instances}, self._grown(d, sq, instances), watch)
+                reps = self._each(reps, grow)
             new = plan.even_owners(reps[0].bin_owners(operator), instances)
             self._bins(operator, new, strategy, batch, gap_s, watch)
-            if instances < n:  # the instances left over hold no bins now
-                for d in reps:
-                    placement = None if self.cluster is None else {
-                        ep: i for ep, i in d.assignment.items() if ep[0] != sq or ep[1] < instances}
-                    switch(d, self.lock, {**d.parallelism, sq: instances}, placement, watch)
+            if instances < n:
+                self._each(self.replicas(), shrink)
         return self._run(operator, "rescale", strategy, run)
 
     # --- helpers --------------------------------------------------------------------
     def _bins(self, operator, new_owners, strategy, batch, gap_s, watch) -> None:
         moves = plan.moves_between(self.replicas()[0].bin_owners(operator), new_owners)
         watch.total = len(moves)
-        migrate_bins(self.replicas(), self.lock, operator, plan.steps(moves, strategy, batch), watch, gap_s)
+        migrate_bins(self.replicas(), self.lock, operator, plan.steps(moves, strategy, batch), watch, self._each, gap_s)
+
+    def _each(self, reps: list, act) -> list:
+        """``act(replica)`` for each of ``reps``; returns those it ran on. A replica whose instance
+        manager died meanwhile is dropped, as on the data path: the others go on, and it is rebuilt from
+        one of them (in its new layout) once the migration is over. Raises when no other one runs."""
+        done = []
+        for d in reps:
+            try:
+                act(d)
+            except EngineError as e:
+                if not self._lost(d, e):
+                    raise
+                log.warning("query %s: replica %s failed during a migration (%s); it goes on without it",
+                            d.query.name, d.replica, e)
+                continue
+            done.append(d)
+        return done
+
+    def _lost(self, dep, error: EngineError) -> bool:
+        """Did replica ``dep`` fail (its error set, or an instance manager of its running generation dead),
+        with another replica running on? It is then marked failed."""
+        dead = self.cluster is not None and any(self.cluster.ims[i].dead for i in dep.gen.hosts)
+        if dep.error is None and not dead:
+            return False
+        dep.fail(error)
+        return any(d is not dep for d in self.replicas())
 
     def _run(self, operator: str, kind: str, strategy: str, body) -> dict:
         with self._busy:
@@ -144,6 +177,7 @@ class Migrator:
             with self.changes:
                 watch.restart()
                 body(watch)
+            watch.dep = self._first()  # one that ran it all: the one watched may have failed meanwhile
             report = watch.report()
         finally:
             with self._busy:
@@ -160,8 +194,10 @@ class Migrator:
         reps = self.replicas()
         if not reps:
             raise EngineError("the deployment has no running replica to migrate", "NO_REPLICA")
+        for d in reps:  # one that failed and is not yet marked so is not the one to look at
+            if d.error is None:
+                return d
         reps[0].check()
-        return reps[0]
 
     @staticmethod
     def _subquery(dep, operator: str) -> str:

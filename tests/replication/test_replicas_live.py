@@ -6,6 +6,9 @@
   an instance manager of that replica is killed, and the rows of the windows still open (1 s sliding
   windows: they hold the changes) come from the other replica's migrated state. Output equal, per key,
   to the unreplicated run in one process; both replicas run after; ``bin_owners`` as asked.
+* A replica that loses an instance manager in the middle of a rescale is left out of its remaining
+  steps; the rescale completes on the other, and the lost one is rebuilt in the new layout (then it
+  carries the query alone, exactly).
 * A slow catch-up: while a lost replica's state travels, its rebuilt instances hold the input that
   arrives in their channels, bounded, so the sources wait instead of memory growing.
 """
@@ -24,6 +27,7 @@ from sender import Sender
 import sparkcep as cep
 from harness import plain
 from reference import assert_same_rows
+from sparkcep.migration import megaphone
 from sparkcep.runtime.cluster import Cluster
 
 T0 = 1_704_067_200_000_000
@@ -143,6 +147,53 @@ def test_a_move_keeps_the_replicas_on_disjoint_instance_managers(engine):
         assert not set(after[0].values()) & set(after[1].values()), dep.explain()
     finally:
         engine.undeploy("mx")
+
+
+def test_a_rescale_goes_on_when_a_replica_loses_an_instance_manager_during_it(monkeypatch):
+    """SIGKILL of an instance manager of replica 0 between two steps of a rescale from 2 to 3 instances,
+    sends flowing: the rescale completes on replica 1 (before, it failed with WORKER_DIED); replica 0 is
+    rebuilt from it with 3 instances. Then replica 1's instance managers die, and replica 0's rows alone
+    complete the output, equal per key to the unreplicated run."""
+    with cep.Engine.local(workers=4, ring_bytes=RING_BYTES) as engine:
+        dep = engine.deploy(query("rk"), parallelism=2, bins=BINS, replicas=2)
+        sender, sent = sending(engine, "rk_in", pace_s=0.01)
+        sender.wait_done(10, LIMIT_S)
+        victim = next(im for im in engine.instance_managers() if im["name"] == placement(dep)[0][0])
+        steps = []
+        step_records = megaphone.step_records
+
+        def killing(rep, operator, owners, moves):
+            steps.append(rep.replica)
+            if rep.replica == 0 and steps.count(0) == 2:  # replica 0's second step: its instance manager dies first
+                os.kill(victim["pid"], signal.SIGKILL)
+                deadline = time.monotonic() + LIMIT_S
+                while rep.error is None:  # the engine noticed: its next step finds the replica failed
+                    assert time.monotonic() < deadline
+                    time.sleep(0.005)
+            return step_records(rep, operator, owners, moves)
+        monkeypatch.setattr(megaphone, "step_records", killing)
+        report = dep.rescale("agg", instances=3, batch=2)
+        assert report["bins"] == 5 and steps == [0, 1, 0, 1, 1], (report, steps)  # 3 steps of 2 bins
+        assert dep.parallelism == {"SQ1": 3}
+        deadline = time.monotonic() + LIMIT_S
+        while [r["state"] for r in dep.replicas()] != ["running", "running"]:
+            assert time.monotonic() < deadline, dep.replicas()
+            time.sleep(0.05)
+        assert [sorted(p) for p in placement(dep)] == [[0, 1, 2], [0, 1, 2]], dep.explain()
+        assert victim["name"] not in placement(dep)[0].values(), dep.explain()
+
+        sender.wait_done(sender.done + 10, LIMIT_S)
+        for im in engine.instance_managers():
+            if im["name"] in placement(dep)[1].values():
+                assert sender.during_send(lambda: os.kill(im["pid"], signal.SIGKILL))
+        sender.wait_done(sender.done + 10, LIMIT_S)
+        sender.stop()
+        assert not sender.errors, sender.errors
+        engine.end("rk_in")
+        got = engine.collect("rk_out")
+        rep = engine.metrics()["queries"]["rk"]["replication"]
+    assert [f["replica"] for f in rep["failovers"]] == [0, 1], rep["failovers"]
+    assert_same_rows(plain(got), plain(reference("rk", sent)), "replica 0 rebuilt after a rescale, then alone")
 
 
 def test_a_slow_catch_up_holds_the_sources_back(engine, monkeypatch):
