@@ -36,7 +36,8 @@ class Watch:
         t1 = time.monotonic_ns()
         last_epoch = self.dep.epoch - 1
         deadline = time.monotonic() + SETTLE_S
-        while self.dep.sink.done_epoch < last_epoch and time.monotonic() < deadline and self.dep.error is None:
+        while self.dep.sink.done_epoch < last_epoch and time.monotonic() < deadline and self.dep.error is None \
+                and not self.dep.closed:
             time.sleep(0.002)
         lat = np.array([ns for _, epoch, ns in list(self.dep.sink.epoch_log)
                         if self.first_epoch <= epoch <= last_epoch], np.float64) / 1e6

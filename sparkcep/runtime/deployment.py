@@ -152,6 +152,7 @@ class Deployment:
         self.clock = EpochClock()
         self.epoch = 1  # the open epoch: data pushed now belongs to it, progress closes it
         self.error: EngineError | None = None
+        self.closed = False  # undeployed: every later call that would change it raises UNDEPLOYED
         self.on_fail: list = []  # called with the error when the deployment fails
         self._arrival: int | None = None
         self._undo: dict[str, tuple[int, int]] = {}  # stream -> its (max_ts, rows) before the open epoch
@@ -270,6 +271,7 @@ class Deployment:
         index}; None: the placement decides). Nothing changes for the running
         generation; on failure nothing is left of the new one.
         """
+        self._check_open()
         return self._generation(dict(parallelism), placement)
 
     def cut_over(self, gen: Generation, imports=(), retire: bool = True) -> Generation | None:
@@ -282,6 +284,7 @@ class Deployment:
         caller to :meth:`drop` once it released the lock), ``gen`` gets the
         ``imports`` first, and the sink reads ``gen``'s outputs from this epoch on.
         """
+        self._check_open()
         old, dead = self.gen, None
         if retire:
             record = Retire(0, 0)
@@ -384,12 +387,19 @@ class Deployment:
         self.check()
 
     def check(self) -> None:
-        """Raise the deployment's error, if it failed."""
+        """Raise the deployment's error, if it failed, or EngineError UNDEPLOYED once it is closed (a
+        migration under way when the query is undeployed stops there)."""
         if self.error is not None:
             raise self.error
+        self._check_open()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise EngineError(f"query {self.query.name!r} is undeployed", "UNDEPLOYED")
 
     def close(self) -> None:
         """Drop the deployment's instances: their state is freed now, not at the next cyclic collection."""
+        self.closed = True
         for g in [self.gen, *self.retiring]:
             g.close()
         self.retiring = []

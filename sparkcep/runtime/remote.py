@@ -62,7 +62,6 @@ class RemoteDeployment(Deployment):
         self.cluster = cluster
         self.ims = ims  # the instance managers it may run on (None: any live one)
         self.sink_lock = threading.Lock()
-        self.closed = False
         self._polled = (0, 0.0)  # (epoch, time) the instance managers' processes were last looked at
         super().__init__(id, query, parallelism, bins, retain, board=cluster.board, **kw)
         with cluster.lock:

@@ -6,7 +6,8 @@ runs, a misspelled strategy: the request fails before anything moves —
 the bin table, the parallelism, the placement, the migration history and
 the output stay as they were — and the query keeps taking input and gives
 the output of the same sends at parallelism 1, in one process and on
-instance managers.
+instance managers. A migration under way when its query is undeployed stops
+at once with UNDEPLOYED.
 """
 
 from __future__ import annotations
@@ -201,6 +202,39 @@ def test_a_second_migration_of_an_operator_while_one_runs_is_refused(running):
     assert dep.bin_owners("agg") == target  # the first one's table, nothing of the refused ones
     assert dep.parallelism["SQ2"] == 2 and len(dep.migrations()["finished"]) == 1
     finish(engine, dep, sent)
+
+
+def test_a_migration_under_way_stops_with_undeployed_when_its_query_is_undeployed(running):
+    """``undeploy`` while a slow fluid migration runs in a thread: the migration raises EngineError
+    UNDEPLOYED at once (it used to wait 120 s for state that could not come, or fail with a TypeError
+    from a released ring); no instance is left, and the query deploys again and runs as before."""
+    engine, dep = running
+    moving = {b: 1 - o for b, o in enumerate(dep.bin_owners("agg"))}
+    result: dict = {}
+
+    def first():
+        try:
+            result["report"] = dep.migrate("agg", moving, strategy="fluid", gap_ms=10)
+        except BaseException as e:  # noqa: BLE001 - the assertions below show it
+            result["error"] = e
+            result["at"] = time.monotonic()
+
+    t = threading.Thread(target=first)
+    t.start()
+    deadline = time.monotonic() + 30
+    while not any(r["bins"] >= 3 for r in dep.migrations()["running"]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert dep.migrations()["running"], "the migration ended before the undeploy: too quick"
+    engine.undeploy("errs")
+    undeployed = time.monotonic()
+    t.join(30)
+    assert not t.is_alive(), "the migration still runs 30 s after its query was undeployed"
+    error = result.get("error")
+    assert isinstance(error, EngineError) and error.code == "UNDEPLOYED", repr(error)
+    assert "'errs'" in str(error) and result["at"] - undeployed < 5
+    assert all(not im["instances"] for im in engine.instance_managers())
+    dep = engine.deploy(query(), parallelism=2, bins=BINS)
+    finish(engine, dep, sent=0)
 
 
 def test_an_instance_manager_that_died_is_refused(tmp_path):
