@@ -85,7 +85,8 @@ def even_owners(owners: list[int], instances: int) -> list[int]:
 def assignment_of(assignment) -> dict[int, int]:
     """``{bin: instance}`` from any mapping of integers (numpy's too): QueryError BAD_BIN / BAD_INSTANCE."""
     if not hasattr(assignment, "items"):
-        raise QueryError(f"migrate() takes {{bin: instance}}, got {type(assignment).__name__}", "BAD_BIN")
+        raise QueryError(f"migrate() takes {{bin: instance}}, got {type(assignment).__name__} (a list of every "
+                         f"bin's owner, as bin_owners() gives, goes as dict(enumerate(owners)))", "BAD_BIN")
     out = {}
     for b, i in assignment.items():
         b = integer(b, "a bin", code="BAD_BIN")
