@@ -19,8 +19,9 @@ from numba import njit
 from sparkcep.core import columns
 from sparkcep.core.hashing import fold, gather_binned, key_hashes, operator_salt
 from sparkcep.core.strings import compare_bytes
-from sparkcep.core.table import (ACC, ARENA_USED, AUX, COUNTER, K0, K1, KEY, WSTART, BinnedTable, TableBins,
-                                  find_slot, key_bytes, lookup, place, room, slot_hash, stored_hash, touch)
+from sparkcep.core.table import (ACC, ARENA_USED, AUX, COUNTER, GOLDEN, K0, K1, KEY, WSTART, BinnedTable,
+                                  TableBins, find_slot, fullest, key_bytes, lookup, place, room, slot_hash,
+                                  stored_hash, touch)
 from sparkcep.query.aggregates import AggFunc
 from sparkcep.query.windows import TupleWindow
 from sparkcep.schema import TYPES, Schema
@@ -150,6 +151,7 @@ FIRE_ROWS = 32_768  # a fire yields batches of about this many rows
 TS_SLOT = ACC  # tuple windows: the int slot before the functions' holds the window's largest event time
 GROUP = 256  # tuples whose entries are updated together, one function at a time
 AHEAD = 32  # tuples between prefetching a tuple's first slots and finding its entries
+SCRATCH = 1 << 20  # (row, window) pairs an add takes at once: a sliding window's rows go in parts
 
 
 @njit(nogil=True, cache=True)
@@ -183,8 +185,9 @@ def accumulate_time(K, ts, wm, seq, size, adv, lateness, P, V, T, miss_r, miss_s
     m = late = k = 0
     n = len(ts)
     nwin = (size + adv - 1) // adv
-    rows, bins, entries = np.empty(GROUP * nwin, np.int64), np.empty(GROUP * nwin, np.int64), \
-        np.empty(GROUP * nwin, np.int64)
+    cap = GROUP * nwin if nwin <= 16 else max(GROUP * 16, nwin)  # updates buffered: a group of rows'
+    rows, bins, entries = np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap, np.int64)
+    full = cap - nwin  # buffered updates beyond which the next row's might not fit
     lo = hi = plo = phi = 0  # [lo, hi): event times whose last window starts at lo, for rows r and r + AHEAD
     for r in range(-AHEAD, n):
         p = r + AHEAD
@@ -228,7 +231,7 @@ def accumulate_time(K, ts, wm, seq, size, adv, lateness, P, V, T, miss_r, miss_s
         if missed:
             late_rows[late] = r
             late += 1
-        if k > (GROUP - 1) * nwin or r == n - 1:
+        if k > full or r == n - 1:
             _apply(ent, entf, arena, meta, rows, bins, entries, k, ts, seq, ops, cols, sis, sfs,
                    vals_i, vals_f, valid, soff, slen, sdata)
             k = 0
@@ -513,12 +516,16 @@ class WindowAggregate:
         n = batch.num_rows
         if n == 0:
             return []
+        w = self.window
+        per_row = -(-w.size // w.advance) + 1 if self.tuple_window else -(-w.size_us // w.advance_us)
+        if n * per_row > SCRATCH:
+            return self._add_in_parts(batch, max(1, SCRATCH // per_row))
         K = self.route(batch)
         ts = batch.column(columns.TS).to_numpy()
         wm = batch.column(columns.WM).to_numpy()
         seq = batch.column(columns.SEQ).to_numpy()
         *V, rowstr = self.program.inputs(batch)
-        P, V, w = self.program.kernel_args(), tuple(V), self.window
+        P, V = self.program.kernel_args(), tuple(V)
         pos = 0
         if self.tuple_window:
             cap = n * ((w.size + w.advance - 1) // w.advance + 1)
@@ -533,7 +540,8 @@ class WindowAggregate:
                     out += self._emit(ready_b[:m], *self.table.take(ready_b[:m], ready_e[:m]), ready_wm[:m])
                     nready[0] = 0
                 if pos < n:
-                    self.table.grow_for(K[5][pos:], K[3], int(rowstr.max()))
+                    need = self._tuple_entries(K, pos)
+                    self.table.grow_for(need, need, K[3], int(rowstr.max()))
             return out
         nwin = (w.size_us + w.advance_us - 1) // w.advance_us
         miss_r, miss_s = np.empty(n * nwin, np.int64), np.empty(n * nwin, np.int64)
@@ -545,12 +553,30 @@ class WindowAggregate:
         self.late_rows = late_rows[:late]
         while pos < m:
             pos = insert_time(pos, m, miss_r, miss_s, K, ts, seq, rowstr, P, V, self.table.kernel_state())
-            if pos < m:
-                self.table.grow_for(K[5][miss_r[pos:m]], K[3], int(rowstr.max()))
+            if pos < m:  # a row's windows and the rows of its key share entries: count each once
+                rows, starts = miss_r[pos:m], miss_s[pos:m]
+                entries = (K[0][rows] ^ (starts.view(np.uint64) * GOLDEN)).view(np.int64)
+                self.table.grow_for(fullest(K[5][rows], entries), fullest(K[5][rows]) // 2, K[3], int(rowstr.max()))
         self.late += late
         first = int(((ts.min() - w.size_us) // w.advance_us + 1) * w.advance_us)
         self.lowest_start = first if self.lowest_start is None else min(self.lowest_start, first)
         return []
+
+    def _tuple_entries(self, K, pos: int) -> int:
+        """Entries the rows from ``pos`` on may make in the fullest bin (tuple windows): per key, a window
+        every ``advance`` of its rows, the windows its next row's room is checked for, and its counter."""
+        w = self.window
+        _, first, rows = np.unique(K[0][pos:], return_index=True, return_counts=True)
+        return fullest(K[5][pos:][first], weights=rows // w.advance + -(-w.size // w.advance) + 2)
+
+    def _add_in_parts(self, batch: pa.RecordBatch, rows: int) -> list[pa.RecordBatch]:
+        """:meth:`add` ``rows`` rows at a time, so that its scratch (rows x windows a row) stays bounded."""
+        out, late = [], []
+        for start in range(0, batch.num_rows, rows):
+            out += self.add(batch.slice(start, rows))
+            late.append(self.late_rows + start)
+        self.late_rows = np.concatenate(late)
+        return out
 
     def fire(self, watermark: int | None) -> Iterator[pa.RecordBatch]:
         """Emit and drop the time windows ending at or before ``watermark - lateness`` (None: all).

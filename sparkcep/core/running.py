@@ -19,8 +19,8 @@ from numba import njit
 from sparkcep.core import columns
 from sparkcep.core.aggregate import COUNT_ALL, GROUP, Program, _apply
 from sparkcep.core.hashing import derive_ids, fold_in, key_hashes, operator_salt
-from sparkcep.core.table import (ACC, AUX, BinnedTable, TableBins, find_slot, key_bytes, lookup, place, room,
-                                  slot_hash, touch)
+from sparkcep.core.table import (ACC, AUX, BinnedTable, TableBins, find_slot, fullest, key_bytes, lookup, place,
+                                  room, slot_hash, touch)
 from sparkcep.query.aggregates import AggFunc
 from sparkcep.schema import Schema
 
@@ -213,7 +213,8 @@ class RunningAggregate:
                                  touched_b, touched_e, nt)
             if pos < m:
                 last_row = -2 - table.ent[touched_b[:nt], touched_e[:nt], AUX]
-                table.grow_for(K[5][misses[pos:m]], K[3], int(rowstr.max()))
+                need = fullest(K[5][misses[pos:m]]) // 2  # a batch repeats keys: half of the rows
+                table.grow_for(need, need, K[3], int(rowstr.max()))
                 locate(table.arrays, K, touched_b, touched_e, last_row, nt)
         last, b, rows = updates(table.ent, touched_b, touched_e, nt, seq, self.wanted)
         cols = [columns.take(batch.column(f), last) for f in self.by]

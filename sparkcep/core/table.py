@@ -551,20 +551,19 @@ class BinnedTable:
         arena[:, :self.arena.shape[1]] = self.arena
         self.arrays = (self.arrays[0], arena, self.arrays[2])
 
-    def grow_for(self, bins: np.ndarray, key_offsets: np.ndarray, value_bytes: int = 0) -> None:
-        """Make room for the pending inserts of rows falling in ``bins`` (one entry per row): one
-        rebuild where doubling would take several.
+    def grow_for(self, entries: int, inserts: int, key_offsets: np.ndarray, value_bytes: int = 0) -> None:
+        """Make room for ``entries`` more entries in the fullest bin and the arena bytes of ``inserts``
+        inserts there: one rebuild where doubling would take several.
 
         Sized by the fullest bin, not by the average: an instance holds only
-        the bins routed to it. Each entry takes the arena bytes of an average
-        key of ``key_offsets`` (the batch's encoded keys) plus
-        ``value_bytes``. A batch repeats keys, so half of the rows are asked
-        for; a rebuild leaves the slots at most half full anyway.
+        the bins routed to it (:func:`fullest` counts them). An insert takes
+        the arena bytes of an average key of ``key_offsets`` (the batch's
+        encoded keys) plus ``value_bytes`` (a string value may be appended
+        at every insert). A rebuild leaves the slots at most half full.
         """
         lengths = np.diff(key_offsets)
         each = int(lengths[lengths > 16].sum()) // max(len(lengths), 1) + value_bytes + 1
-        entries = int(np.bincount(bins, minlength=1).max()) // 2 + 8
-        self.grow(entries, entries * each + 64)
+        self.grow(entries + 8, (inserts + 8) * each + 64)
 
     def reserve(self, bins: np.ndarray, nbytes: np.ndarray) -> None:
         """Make room for rows to append ``nbytes[i]`` arena bytes each to bin ``bins[i]``."""
@@ -668,6 +667,15 @@ class TableBins:
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes for a in (self.bins, *self.arrays))
+
+
+def fullest(bins: np.ndarray, entries: np.ndarray | None = None, weights: np.ndarray | None = None) -> int:
+    """How many of the pending inserts falling in ``bins`` the fullest bin takes: each distinct one of
+    ``entries`` (what identifies the entry an insert makes: a hash) counted once, weighted by ``weights``."""
+    if entries is not None:
+        first = np.unique(entries, return_index=True)[1]
+        bins, weights = bins[first], None if weights is None else weights[first]
+    return int(np.bincount(bins, weights=weights, minlength=1).max())
 
 
 def _slots_for(entries: int) -> int:

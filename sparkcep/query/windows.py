@@ -11,6 +11,7 @@ from sparkcep.errors import QueryError
 _UNITS_US = {"us": 1, "ms": 1_000, "s": 1_000_000, "m": 60_000_000, "min": 60_000_000,
              "h": 3_600_000_000, "d": 86_400_000_000}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(us|ms|s|min|m|h|d)\s*$")
+MAX_WINDOWS_A_ROW = 10_000  # windows one row may fall in (size / advance): each costs the row an update
 
 
 def duration_us(value, what: str = "duration") -> int:
@@ -57,6 +58,7 @@ class TimeWindow:
             raise QueryError(f"window advance {advance!r} is larger than its size {size!r}: tuples would fall between windows")
         if self.lateness_us < 0:
             raise QueryError(f"lateness must not be negative, got {lateness!r}")
+        _check_overlap(-(-self.size_us // self.advance_us), f"TimeWindow({size!r}, advance={advance!r})")
 
     def __repr__(self) -> str:
         parts = [_show(self.size_us)]
@@ -80,6 +82,13 @@ class TupleWindow:
         self.advance = self.size if advance is None else integer(advance, "TupleWindow advance", minimum=1)
         if self.advance > self.size:
             raise QueryError(f"TupleWindow advance {self.advance} is larger than its size {self.size}")
+        _check_overlap(-(-self.size // self.advance), f"TupleWindow({self.size}, advance={self.advance})")
 
     def __repr__(self) -> str:
         return f"TupleWindow(size={self.size}, advance={self.advance})"
+
+
+def _check_overlap(windows: int, what: str) -> None:
+    if windows > MAX_WINDOWS_A_ROW:
+        raise QueryError(f"{what} puts every row in {windows:,} windows; at most {MAX_WINDOWS_A_ROW:,} "
+                         "(each is one update a row): make advance larger")

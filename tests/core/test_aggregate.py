@@ -262,6 +262,90 @@ def test_many_groups_over_several_batches_grow_the_state(window, bins, chunk):
     assert_same_rows(run(q, sends, bins=bins).outputs["out"], want)
 
 
+@pytest.mark.parametrize("window", [ref.Time(60 * S, S, lateness=3 * S), ref.Tuples(40, 1)], ids=repr)
+def test_rows_in_many_windows_go_in_parts_and_give_the_same_windows(window, monkeypatch):
+    """A batch whose rows fall in more (row, window) pairs than ``SCRATCH`` is added in parts of rows,
+    so its scratch stays bounded (a 64K-row send of a 1 h window sliding by 1 s asked for 3.8 GB and
+    failed): the windows, and the late rows counted, are the reference's."""
+    import random
+    from cases import events
+    from sparkcep.core import aggregate
+    monkeypatch.setattr(aggregate, "SCRATCH", 500)
+    rows = events(300, random.Random(3), disorder_s=8.0)
+    schema = {"k": "string", "g": "int64", "ts": "timestamp", "v": "int64", "x": "float64", "s": "string"}
+    check(window, [("ev", rows[:200]), ("ev", rows[200:])], schema=schema, by=("k",),
+          funcs=[("n", "count", None), ("f", "first", "v"), ("hi", "max", "s")], parallelism=(1, 2))
+
+
+def test_the_late_rows_of_a_batch_added_in_parts_are_its_own(monkeypatch):
+    """The late rows a sliding window keeps (``late=``) are found part by part: the same rows as when the
+    batch is added whole."""
+    import random
+    from cases import events
+    from sparkcep.core import aggregate
+    schema = {"k": "string", "g": "int64", "ts": "timestamp", "v": "int64", "x": "float64", "s": "string"}
+    rows = events(400, random.Random(5), disorder_s=20.0)
+    q = cep.Query("lp")
+    s = q.stream("ev", schema)
+    q.output("out", s.aggregate(cep.TimeWindow("8s", advance="1s"), by="k", n=cep.count(), late="late"))
+    sends = [("ev", rows[i:i + 100]) for i in range(0, 400, 100)]
+    whole = run(q, sends)
+    monkeypatch.setattr(aggregate, "SCRATCH", 50)
+    parts = run(q, sends)
+    assert len(whole.outputs["late"]) > 20
+    for out in ("out", "late"):
+        assert_same_rows(parts.outputs[out], whole.outputs[out], out)
+
+
+def test_one_row_sends_into_a_long_sliding_tuple_window_make_room_for_its_windows():
+    """A row of ``TupleWindow(40, advance=1)`` needs room for 40 windows in its bin; with one row a send,
+    the table was grown for 8 entries and the send never returned. Bounded here by a thread's join."""
+    import threading
+    rows = [row(f"k{i % 3}", i * 0.01, v=i) for i in range(120)]
+    done: list = []
+
+    def sends():
+        try:
+            check(ref.Tuples(40, 1), [("ev", [r]) for r in rows], funcs=[("sv", "sum", "v"), ("n", "count", None)])
+            done.append(None)
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            done.append(e)
+    t = threading.Thread(target=sends, daemon=True)
+    t.start()
+    t.join(120)
+    assert done, "a one-row send into the tuple window did not return within 120 s"
+    if done[0] is not None:
+        raise done[0]
+
+
+def test_a_sliding_window_s_table_is_sized_by_its_entries_not_by_its_row_window_pairs():
+    """100 keys in a 1 h window sliding by 1 s: each row makes 3600 (row, window) pairs, but the rows of a
+    key share their windows. The table grew for every pair (1.6 GB for 1,000 rows); it holds each
+    entry once, its bins at most half full."""
+    import numpy as np
+    from sparkcep.core.aggregate import WindowAggregate
+    q = cep.Query("k")
+    op = q.stream("s", "k int64, ts timestamp, v int64").aggregate(
+        cep.TimeWindow("1h", advance="1s"), by="k", n=cep.count()).op
+    agg = WindowAggregate(op.window, op.by, op.funcs, op.inputs[0].schema, op.schema, 128, "x")
+    rng = np.random.default_rng(0)
+    n = 1000
+    ts = T0 + np.sort(rng.integers(0, S, n))
+    agg.add(stamped_batch({"k": rng.integers(0, 100, n), "ts": pa.array(ts, pa.timestamp("us")),
+                           "v": np.arange(n)}, ts))
+    fullest = int(agg.table.meta[:, 0].max())
+    assert fullest >= 3600 and agg.table.ent.shape[1] <= 4 * fullest, (fullest, agg.table.ent.shape)
+
+
+def stamped_batch(columns: dict, ts) -> pa.RecordBatch:
+    """A source batch as the engine stamps it (sequence numbers, ids, event times, watermark 0)."""
+    import numpy as np
+    from sparkcep.core.columns import stamp
+    batch = pa.RecordBatch.from_pydict(columns)
+    assert (batch.column("ts").cast(pa.int64()).to_numpy() == ts).all()
+    return stamp(batch, 0, "ts", np.int64(0))
+
+
 def test_string_values_updated_by_many_batches_stay_in_their_bins_arena():
     """Every row of an open window may append a string value (last, max) to its bin's arena; batches
     after the window's first must make that room too, or values spill into the next bin's."""

@@ -15,7 +15,7 @@ import sparkcep as cep
 from sparkcep.core.hashing import hash_key
 from sparkcep.core.pages import zeroed
 from sparkcep.core.table import (ACC, EMPTY, K0, K1, KEY, KEY_BITS, KEY_LEN, MAX_LOAD, N_LIVE, N_TOMB, TOMB, WSTART,
-                                 BinnedTable, find_slot, key_bytes, place, room, slot_hash)
+                                 BinnedTable, find_slot, fullest, key_bytes, place, room, slot_hash)
 
 BINS = 4
 KEYS = [b"", b"a", b"b", b"abcdefghijklmnopq", b"abcdefghijklmnopr", b"1.2.3.4", b"\x00", b"\x00\x00"] + \
@@ -195,8 +195,16 @@ def test_growth_is_sized_by_the_fullest_bin_not_the_average():
     one rebuild (an average over all bins would ask for a sixteenth of it here)."""
     table = BinnedTable(128, 1, 0)
     pending = np.repeat(np.arange(8), 2000)  # 2,000 rows in each of 8 bins of 128
-    table.grow_for(pending, np.zeros(len(pending) + 1, np.int64))
-    assert table.ent.shape[1] * MAX_LOAD >= 1000  # half the rows: a batch repeats keys
+    need = fullest(pending) // 2  # half the rows: a batch repeats keys
+    table.grow_for(need, need, np.zeros(len(pending) + 1, np.int64))
+    assert table.ent.shape[1] * MAX_LOAD >= 1000
+
+
+def test_the_fullest_bin_counts_each_distinct_entry_once():
+    bins = np.array([3, 3, 3, 3, 5, 5, 5])
+    assert fullest(bins) == 4
+    assert fullest(bins, entries=np.array([7, 7, 8, 7, 1, 2, 3])) == 3  # bin 3: entries 7 and 8
+    assert fullest(bins, weights=np.array([1, 1, 1, 1, 2, 2, 2])) == 6
 
 
 def _vm_flags(address: int) -> list[str]:

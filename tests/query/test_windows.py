@@ -46,3 +46,15 @@ def test_tuple_window():
     for bad in [(0,), (3, 4), (2.0,), (True,), (3, 0), ("3",)]:
         with pytest.raises(cep.QueryError):
             cep.TupleWindow(*bad)
+
+
+@pytest.mark.parametrize("window", [lambda: cep.TimeWindow("1000s", advance="1us"),
+                                    lambda: cep.TimeWindow("1d", advance="1s"),
+                                    lambda: cep.TupleWindow(10**12, advance=1)])
+def test_a_window_that_puts_a_row_in_too_many_windows_is_refused(window):
+    """Every window a row falls in costs it an update (and the kernels scratch room): a 1000 s window
+    sliding by 1 us was taken, and its first send failed for memory, leaving the query failed."""
+    with pytest.raises(cep.QueryError, match=r"puts every row in [\d,]+ windows; at most 10,000"):
+        window()
+    assert cep.TimeWindow("1h", advance="1s").advance_us == 1_000_000  # 3,600 a row: taken
+    assert cep.TupleWindow(10_000, advance=1).size == 10_000
