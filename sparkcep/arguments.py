@@ -86,3 +86,11 @@ def scalar(value):
     if kind == "m":
         return value.astype("timedelta64[us]").item()
     return value.item()
+
+
+def function(value, name: str, optional: bool = False, error=QueryError, code: str = "BAD_CALLBACK"):
+    """``value`` if it can be called (or is None and ``optional``), else ``error`` with ``code``: a
+    callback that is not one would fail only later, when it is first called."""
+    if value is None and optional or callable(value):
+        return value
+    raise error(f"{name} must be a function, got {value!r} ({type(value).__name__})", code)

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from sparkcep import auth
-from sparkcep.arguments import checked, closest, integer
+from sparkcep.arguments import checked, closest, function, integer
 from sparkcep.core import columns
 from sparkcep.core.ingest import check_event_times, to_batches
 from sparkcep.deployed import Deployed, LocalDeployed
@@ -433,8 +433,10 @@ class Engine:
         ``on_error(error)`` if its query fails (an instance manager died, an operator raised). Callbacks
         run on the engine's collector thread; ``cancel()`` the returned subscription to stop them. A
         ``callback`` that raises fails the query as an operator that raises does: code ``SINK``, naming
-        its error, from the next call on."""
-        return self._log(output).subscribe(callback, on_error)
+        its error, from the next call on; one that is no function is refused at once (BAD_CALLBACK)."""
+        log = self._log(output)
+        return log.subscribe(function(callback, "subscribe's callback"),
+                             function(on_error, "subscribe's on_error", optional=True))
 
     def metrics(self) -> dict:
         """The engine's metrics (the paper's metric server, in this process).

@@ -33,7 +33,7 @@ import cloudpickle
 import pyarrow as pa
 
 from sparkcep import auth
-from sparkcep.arguments import checked
+from sparkcep.arguments import checked, function
 from sparkcep.control import tree
 from sparkcep.control.registry import RegistryError, open_registry
 from sparkcep.core.columns import SEQ
@@ -296,6 +296,8 @@ class ConnectedEngine:
         """Call ``callback(pyarrow.RecordBatch)`` with every batch ``output`` produces from now on (read as
         they arrive, on a thread of its own), through fail-overs of the data path; ``on_error(error)`` once
         if reading fails for good. ``cancel()`` the returned subscription to stop."""
+        function(callback, "subscribe's callback")
+        function(on_error, "subscribe's on_error", optional=True)
         stop = threading.Event()
         at = self._call(f"subscribe to {output!r}", lambda c: c.offsets(output)["latest"])
 

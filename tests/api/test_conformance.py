@@ -271,6 +271,10 @@ def test_bad_inputs_get_the_same_codes_everywhere(api):
             "float replicas": (lambda: e.deploy(query(d.name + "_r"), replicas=1.0), "QueryError", "BAD_REPLICAS"),
             "typo'd keyword, deploy": (lambda: e.deploy(query(d.name + "_k"), paralelism=2), "QueryError",
                                        "UNKNOWN_ARGUMENT"),
+            # refused at once: it failed the query at its first output row (SINK)
+            "a callback that is no function": (lambda: e.subscribe(d.output, 5), "QueryError", "BAD_CALLBACK"),
+            "an on_error that is no function": (lambda: e.subscribe(d.output, print, on_error="log"), "QueryError",
+                                                "BAD_CALLBACK"),
         }
         seen = {what: code_of(call)[:2] for what, (call, _, _) in cases.items()}
         assert seen == {what: (cls, code) for what, (_, cls, code) in cases.items()}
