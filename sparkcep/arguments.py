@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
+import math
 import operator
 
 from sparkcep.errors import QueryError
@@ -69,6 +70,30 @@ def integer(value, name: str, minimum: int | None = None, maximum: int | None = 
     if maximum is not None and n > maximum:
         raise error(f"{name} must be <= {maximum}, got {n}", code)
     return n
+
+
+def number(value, name: str, minimum: float = 0.0, maximum: float = math.inf, error=QueryError,
+           code: str = "BAD_ARGUMENT") -> float:
+    """``value`` as a finite Python float in ``[minimum, maximum]``: an int, a float, a numpy number. A
+    ``bool``, a string, NaN, an infinity or anything else raises ``error`` with ``code``, naming ``name``
+    (an infinite wait or pause would fail only later, half done)."""
+    if isinstance(value, (bool, str, bytes)) or getattr(value, "ndim", 0) != 0:
+        raise error(f"{name} must be a number, got {value!r} ({type(value).__name__})", code)
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise error(f"{name} must be a number, got {value!r} ({type(value).__name__})", code) from None
+    if not math.isfinite(x):
+        raise error(f"{name} must be a finite number, got {x!r}", code)
+    if not minimum <= x <= maximum:
+        bound = f">= {minimum:g}" if x < minimum else f"<= {maximum:g}"
+        raise error(f"{name} must be {bound}, got {x:g}", code)
+    return x
+
+
+def seconds(timeout, name: str = "timeout") -> float | None:
+    """A wait's limit in seconds: None (the call's default) or a finite number >= 0 (BAD_TIMEOUT)."""
+    return None if timeout is None else number(timeout, f"{name} (seconds; None: the default)", code="BAD_TIMEOUT")
 
 
 def scalar(value):

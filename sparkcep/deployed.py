@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import abc
 
-from sparkcep.arguments import checked, integer
+from sparkcep.arguments import checked, integer, number
 from sparkcep.errors import QueryError
 from sparkcep.migration.plan import assignment_of
 
+MAX_GAP_MS = 60_000.0  # the longest pause between two steps of a migration
 CALLS = ("migrate", "move", "rescale", "replicas", "bin_owners", "explain", "migrations", "instance_metrics",
          "parallelism")  # what a client may call on a deployed query through an engine's endpoint
 
@@ -44,14 +45,14 @@ class Deployed(abc.ABC):
 
         ``strategy``: ``"fluid"`` (one bin per step), ``"batched"`` (at most
         ``batch`` bins per pair of instances per step, ``gap_ms`` between
-        steps) or ``"all-at-once"``. Returns when every bin is installed at
+        steps, at most 60,000) or ``"all-at-once"``. Returns when every bin is installed at
         its new owner, with a report: ``strategy``, ``bins``, ``bytes``,
         ``steps``, ``duration_s``, ``max_latency_ms``, ``p99_latency_ms`` (of
         the input that arrived meanwhile) and ``latency_epochs`` (how many
         sends those latencies summarise).
         """
         return self._call("migrate", operator=operator, assignment=assignment_of(assignment), strategy=strategy,
-                          batch=integer(batch, "batch", minimum=1, code="BAD_OPTION"), gap_ms=gap_ms)
+                          batch=integer(batch, "batch", minimum=1, code="BAD_OPTION"), gap_ms=_gap(gap_ms))
 
     @checked(QueryError)
     def move(self, operator: str, instance: int, to: str) -> dict:
@@ -69,7 +70,7 @@ class Deployed(abc.ABC):
         return self._call("rescale", operator=operator,
                           instances=integer(instances, "instances", minimum=1, code="BAD_INSTANCE"),
                           strategy=strategy, batch=integer(batch, "batch", minimum=1, code="BAD_OPTION"),
-                          gap_ms=gap_ms)
+                          gap_ms=_gap(gap_ms))
 
     @checked(QueryError)
     def replicas(self) -> list[dict]:
@@ -108,6 +109,10 @@ class Deployed(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<deployed query {self.name!r} ({self.id})>"
+
+
+def _gap(gap_ms) -> float:
+    return number(gap_ms, "gap_ms (milliseconds between steps)", maximum=MAX_GAP_MS, code="BAD_OPTION")
 
 
 class LocalDeployed(Deployed):

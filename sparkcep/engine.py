@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from sparkcep import auth
-from sparkcep.arguments import checked, closest, function, integer
+from sparkcep.arguments import checked, closest, function, integer, number, seconds
 from sparkcep.core import columns
 from sparkcep.core.ingest import check_event_times, to_batches
 from sparkcep.deployed import Deployed, LocalDeployed
@@ -128,6 +128,7 @@ class Engine:
         (:class:`sparkcep.control.connect.ConnectedEngine`), riding through its fail-overs for up to
         ``retry_s`` seconds a call. ``token``, or the file holding it."""
         from sparkcep.control.connect import ConnectedEngine
+        retry_s = number(retry_s, "retry_s", error=EngineError, code="BAD_OPTION")
         if token is None:
             if token_file is None:
                 raise EngineError("Engine.connect needs the cluster's token (token=... or token_file=...)",
@@ -422,8 +423,8 @@ class Engine:
     def collect(self, output: str, timeout: float | None = None) -> pa.Table:
         """Everything ``output`` has produced for the input sent so far, as a pyarrow Table.
 
-        With workers it first waits (up to ``timeout`` s) until the output
-        reflects every ``send``/``end`` made before the call.
+        With workers it first waits (up to ``timeout`` s, a finite number; None: the
+        default limit) until the output reflects every ``send``/``end`` made before the call.
         """
         log = self._settle(output, timeout)
         return log.table()
@@ -492,7 +493,7 @@ class Engine:
     def _settle(self, output: str, timeout: float | None = None) -> OutputLog:
         """The log of ``output`` once it reflects every send and end made so far."""
         log = self._log(output)
-        self._producer[output].wait(timeout)
+        self._producer[output].wait(seconds(timeout))
         return log
 
     def _log(self, output: str) -> OutputLog:

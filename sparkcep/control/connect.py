@@ -33,7 +33,7 @@ import cloudpickle
 import pyarrow as pa
 
 from sparkcep import auth
-from sparkcep.arguments import checked, function
+from sparkcep.arguments import checked, function, seconds
 from sparkcep.control import tree
 from sparkcep.control.registry import RegistryError, open_registry
 from sparkcep.core.columns import SEQ
@@ -283,7 +283,10 @@ class ConnectedEngine:
         self._call(f"end of {stream!r}", lambda c: c.end(stream))
 
     def collect(self, output: str, timeout: float | None = None) -> pa.Table:
-        """Every retained row of ``output``, once it reflects every send and end made before the call."""
+        """Every retained row of ``output``, once it reflects every send and end made before the call
+        (waiting up to ``timeout`` s, a finite number; None: the default limit)."""
+        timeout = seconds(timeout)
+
         def read(client):
             offsets = client.offsets(output, settle=True, timeout=timeout)
             tables, _ = _rows(client, output, offsets, offsets["earliest"])

@@ -57,7 +57,7 @@ class Migrator:
         batch = _batch(batch)
         table = dep._table(operator)
         new = plan.table_from(table.owners.tolist(), assignment, table.instances)
-        gap_s = _gap_s(gap_ms)
+        gap_s = gap_ms / 1e3
         return self._run(operator, "migrate", strategy, lambda watch: self._bins(operator, new, strategy, batch,
                                                                                    gap_s, watch))
 
@@ -107,7 +107,7 @@ class Migrator:
         plan.check_strategy(strategy)
         batch = _batch(batch)
         instances = integer(instances, "instances", minimum=1, code="BAD_INSTANCE")
-        gap_s = _gap_s(gap_ms)
+        gap_s = gap_ms / 1e3
         if instances > 1 and not dep.plan.sq_of[operator].parallelizable:
             raise QueryError(f"{operator!r} is a global aggregate (no by=): it runs as one instance", "BAD_INSTANCE")
         dep._table(operator)
@@ -243,16 +243,6 @@ class Migrator:
 
 def _batch(batch) -> int:
     return integer(batch, "batch", minimum=1, code="BAD_OPTION")
-
-
-def _gap_s(gap_ms) -> float:
-    """``gap_ms`` in seconds; a number >= 0 (numpy's too), else BAD_OPTION."""
-    if isinstance(gap_ms, bool) or not isinstance(gap_ms, (int, float)) and not hasattr(gap_ms, "__float__"):
-        raise QueryError(f"gap_ms must be a number of milliseconds >= 0, got {gap_ms!r}", "BAD_OPTION")
-    gap = float(gap_ms)
-    if not gap >= 0:
-        raise QueryError(f"gap_ms must be a number of milliseconds >= 0, got {gap_ms!r}", "BAD_OPTION")
-    return gap / 1e3
 
 
 def _held(dep, operator: str, instance: int) -> list[int]:

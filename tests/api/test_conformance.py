@@ -271,6 +271,12 @@ def test_bad_inputs_get_the_same_codes_everywhere(api):
             "float replicas": (lambda: e.deploy(query(d.name + "_r"), replicas=1.0), "QueryError", "BAD_REPLICAS"),
             "typo'd keyword, deploy": (lambda: e.deploy(query(d.name + "_k"), paralelism=2), "QueryError",
                                        "UNKNOWN_ARGUMENT"),
+            # refused before the first step: it raised OverflowError after it, half the bins moved
+            "an endless gap": (lambda: d.dep.migrate("agg", {0: 1, 1: 0}, strategy="batched", batch=1,
+                                                     gap_ms=float("inf")), "QueryError", "BAD_OPTION"),
+            "a gap of a day": (lambda: d.dep.rescale("agg", 3, gap_ms=86_400_000), "QueryError", "BAD_OPTION"),
+            "a negative timeout": (lambda: e.collect(d.output, timeout=-1), "QueryError", "BAD_TIMEOUT"),
+            "a NaN timeout": (lambda: e.collect(d.output, timeout=float("nan")), "QueryError", "BAD_TIMEOUT"),
             # refused at once: it failed the query at its first output row (SINK)
             "a callback that is no function": (lambda: e.subscribe(d.output, 5), "QueryError", "BAD_CALLBACK"),
             "an on_error that is no function": (lambda: e.subscribe(d.output, print, on_error="log"), "QueryError",
