@@ -36,6 +36,7 @@ from sparkcep.runtime.deployment import Deployment
 from sparkcep.runtime.handoff import ENGINE_HOST, Board, Handoffs
 from sparkcep.runtime.metrics import MetricServer, add_rates, deployment_metrics, late_counts
 from sparkcep.runtime.output_log import OutputLog, Retention, Subscription
+from sparkcep.runtime.send_ids import SendIds, check_retry, send_id_of
 from sparkcep.runtime.topology import Topology
 
 log = logging.getLogger("sparkcep")
@@ -70,6 +71,7 @@ class Engine:
         self._producer: dict[str, Deployment] = {}  # output -> the deployment producing it
         self._seq = 0  # the next sequence number: one order over every stream of the engine
         self._ended: set[str] = set()
+        self.sent = SendIds()  # what the last send ids of each stream took: send(..., send_id=...) takes one once
         self._closed = False
         self._lock = threading.RLock()
         self._board = Board()  # state handed over between the instances running in this process
@@ -338,9 +340,29 @@ class Engine:
             dep.close()
 
     # --- input -------------------------------------------------------------------
-    def send(self, stream: str, data) -> int:
-        """Send tuples into ``stream``; returns how many. A rejected batch leaves no trace."""
-        return self._take(stream, data)
+    @checked(QueryError)
+    def send(self, stream: str, data, send_id: str | None = None) -> int:
+        """Send tuples into ``stream``; returns how many. A rejected batch leaves no trace.
+
+        ``send_id``: a string naming this send, taken once: sent again with the
+        same id and as many rows (a retry after a lost reply), nothing is taken
+        and the rows the first one took are returned; with another number of
+        rows it is refused (``SEND_ID_REUSED``)."""
+        if send_id is None:
+            return self._take(stream, data)
+        return self.send_once(stream, data, send_id_of(send_id))[0]
+
+    def send_once(self, stream: str, data, send_id: str) -> tuple[int, bool]:
+        """:meth:`send` under ``send_id``: (rows, whether the id was taken before and nothing is now)."""
+        with self._lock:
+            taken = self.sent.taken(stream, send_id)
+            if taken is None:
+                n = self._take(stream, data, ("id", send_id))
+                self.sent.add(stream, send_id, n)
+                return n, False
+        src = self._deployments_of(stream)[0].query.sources[stream]
+        check_retry(stream, send_id, taken, sum(b.num_rows for b in to_batches(stream, src.schema, data, src.time_field)))
+        return taken, True
 
     def _take(self, stream: str, data, key=None) -> int:
         """:meth:`send`, keyed for a cluster's journal by ``key`` (a send id, or a staged batch's (writer,
@@ -420,6 +442,7 @@ class Engine:
             dep.wait()
 
     # --- output ------------------------------------------------------------------
+    @checked(QueryError)
     def collect(self, output: str, timeout: float | None = None) -> pa.Table:
         """Everything ``output`` has produced for the input sent so far, as a pyarrow Table.
 
@@ -429,6 +452,7 @@ class Engine:
         log = self._settle(output, timeout)
         return log.table()
 
+    @checked(QueryError)
     def subscribe(self, output: str, callback, on_error=None) -> Subscription:
         """Call ``callback(pyarrow.RecordBatch)`` with every batch ``output`` produces from now on, and
         ``on_error(error)`` if its query fails (an instance manager died, an operator raised). Callbacks

@@ -42,6 +42,7 @@ from sparkcep.gateway.client import EngineClient
 from sparkcep.gateway.deployed import ClientDeployed, options_to_wire
 from sparkcep.gateway.discovery import EngineNotFoundError
 from sparkcep.runtime.output_log import Subscription
+from sparkcep.runtime.send_ids import send_id_of
 
 REQUEST_TIMEOUT_S = 120.0  # a deploy waits this long for an orchestrator to answer
 REGISTRY_TIMEOUT_S = 10.0  # to reach a cluster's registry to find its engine host
@@ -258,10 +259,12 @@ class ConnectedEngine:
         return result
 
     # --- data: straight to the data path -----------------------------------------------------
-    def send(self, stream: str, data) -> int:
+    @checked(QueryError)
+    def send(self, stream: str, data, send_id: str | None = None) -> int:
         """Send tuples into ``stream`` (what :meth:`sparkcep.Engine.send` takes), whole or not at all;
-        returns how many. Taken once, even when the data path fails over meanwhile."""
-        send_id = uuid.uuid4().hex
+        returns how many. Taken once, even when the data path fails over meanwhile: under ``send_id``
+        (default: a fresh one), which a later send with the same id is answered by, taking nothing."""
+        send_id = uuid.uuid4().hex if send_id is None else send_id_of(send_id)
         delivered = []
 
         def attempt(client):
@@ -282,6 +285,7 @@ class ConnectedEngine:
         """End of input for ``stream``: returns once the outputs reflect it."""
         self._call(f"end of {stream!r}", lambda c: c.end(stream))
 
+    @checked(QueryError)
     def collect(self, output: str, timeout: float | None = None) -> pa.Table:
         """Every retained row of ``output``, once it reflects every send and end made before the call
         (waiting up to ``timeout`` s, a finite number; None: the default limit)."""
@@ -295,6 +299,7 @@ class ConnectedEngine:
             return pa.concat_tables(tables or [as_schema(fields).to_arrow().empty_table()])
         return self._call(f"collect of {output!r}", read)
 
+    @checked(QueryError)
     def subscribe(self, output: str, callback, on_error=None) -> Subscription:
         """Call ``callback(pyarrow.RecordBatch)`` with every batch ``output`` produces from now on (read as
         they arrive, on a thread of its own), through fail-overs of the data path; ``on_error(error)`` once

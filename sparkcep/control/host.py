@@ -114,7 +114,7 @@ class EngineHost:
                  len(self.backup.entries), len(self.adopted))
         replay(self.backup, self.engine)
         self.endpoint.staging = self.backup.staging
-        self.endpoint.sent = self.backup.sent_ids()
+        self.engine.sent = self.backup.sent_ids()
         self._serve(Journal(era, self.backup.run, self.token, self.backup.entries))
 
     def _serve(self, journal: Journal) -> None:

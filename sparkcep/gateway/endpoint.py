@@ -65,7 +65,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections import OrderedDict
 import socket
 import sys
 import threading
@@ -86,6 +85,7 @@ from sparkcep.core.pages import scratch
 from sparkcep.errors import EngineError, InputError, SparkcepError, UnknownStreamError
 from sparkcep.runtime.channels import hello
 from sparkcep.runtime.output_log import OutputLog
+from sparkcep.runtime.send_ids import send_id_of
 from sparkcep.schema import type_name
 
 METRICS = "$metrics"
@@ -111,7 +111,6 @@ class Endpoint:
         self._last_sample = dict.fromkeys(self.metrics_logs, 0.0)
         self.counters = {"requests": 0, "rows_in": 0, "rows_out": 0, "unauthenticated": 0, "bad_frames": 0,
                          "batch_commits": 0, "committed_partitions": 0, "duplicate_batches": 0, "duplicate_sends": 0}
-        self.sent = SendIds()
         self.gate = hello.Gate(engine.token)
         self._server = socket.create_server((host, port))
         self.address = f"{host}:{self._server.getsockname()[1]}"
@@ -285,16 +284,18 @@ class Endpoint:
 
     def _op_send(self, h, payload):
         table, send_id = from_ipc(payload), h.get("send_id")
+        if table is None or not table.num_rows:
+            return {"rows": 0, "duplicate": False}, b""
         with self.lock:
-            if send_id is not None and send_id in self.sent:
+            if send_id is None:
+                n, duplicate = self.engine.send(h["stream"], table), False
+            else:
+                n, duplicate = self.engine.send_once(h["stream"], table, send_id_of(send_id))
+            if duplicate:
                 self.counters["duplicate_sends"] += 1
-                return {"rows": self.sent[send_id], "duplicate": True}, b""
-            key = None if send_id is None else ("id", str(send_id))
-            n = self.engine._take(h["stream"], table, key) if table is not None and table.num_rows else 0
-            self.counters["rows_in"] += n
-            if send_id is not None:
-                self.sent.add(str(send_id), n)
-        return {"rows": n, "duplicate": False}, b""
+            else:
+                self.counters["rows_in"] += n
+        return {"rows": n, "duplicate": duplicate}, b""
 
     def _op_stage(self, h, payload):
         stream = h["stream"]
@@ -443,25 +444,6 @@ class Endpoint:
         rows = {"time": [stamp] * len(names), "name": names, "value": values} if form == "long" else \
             {"time": [stamp], "names": [names], "values": [values]}
         log_.append(0, pa.RecordBatch.from_pydict(rows, schema=log_.schema))
-
-
-class SendIds:
-    """The rows each of the last ``keep`` send ids took: a send retried after a lost reply is taken
-    once (clients put a fresh id on each send and the same on its retries)."""
-
-    def __init__(self, keep: int = 1 << 16):
-        self.keep, self._rows = keep, OrderedDict()
-
-    def __contains__(self, send_id) -> bool:
-        return send_id in self._rows
-
-    def __getitem__(self, send_id) -> int:
-        return self._rows[send_id]
-
-    def add(self, send_id: str, rows: int) -> None:
-        self._rows[send_id] = rows
-        while len(self._rows) > self.keep:
-            self._rows.popitem(last=False)
 
 
 def start_endpoint(engine, listen: str = "127.0.0.1:0", publish: bool = True) -> Endpoint:

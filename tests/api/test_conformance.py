@@ -277,6 +277,8 @@ def test_bad_inputs_get_the_same_codes_everywhere(api):
             "a gap of a day": (lambda: d.dep.rescale("agg", 3, gap_ms=86_400_000), "QueryError", "BAD_OPTION"),
             "a negative timeout": (lambda: e.collect(d.output, timeout=-1), "QueryError", "BAD_TIMEOUT"),
             "a NaN timeout": (lambda: e.collect(d.output, timeout=float("nan")), "QueryError", "BAD_TIMEOUT"),
+            "a send id that is no string": (lambda: e.send(d.stream, df, send_id=7), "InputError", "BAD_SEND_ID"),
+            "typo'd keyword, send": (lambda: e.send(d.stream, df, sendid="a"), "QueryError", "UNKNOWN_ARGUMENT"),
             # refused at once: it failed the query at its first output row (SINK)
             "a callback that is no function": (lambda: e.subscribe(d.output, 5), "QueryError", "BAD_CALLBACK"),
             "an on_error that is no function": (lambda: e.subscribe(d.output, print, on_error="log"), "QueryError",
@@ -288,6 +290,19 @@ def test_bad_inputs_get_the_same_codes_everywhere(api):
         assert d.dep.bin_owners("agg") == owners and d.dep.migrations()["finished"] == []
         assert not {d.name + s for s in ("_p", "_b", "_r", "_k")} & set(e.metrics()["queries"])  # none deployed
         d.send("numpy")
+        d.end_and_check()
+
+
+def test_a_send_id_is_taken_once_everywhere(api):
+    """What a cluster's SEND_UNCONFIRMED asks for: send the same rows again with the same send_id."""
+    with Deployment(api, "sid", parallelism=2, bins=BINS) as d:
+        df = frame(0)
+        d.frames.append(df)
+        assert api.engine.send(d.stream, df, send_id="first") == SEND_ROWS
+        assert api.engine.send(d.stream, as_sent(df, "numpy"), send_id="first") == SEND_ROWS  # taken before
+        cls, code, message = code_of(lambda: api.engine.send(d.stream, frame(1).iloc[:10], send_id="first"))
+        assert (cls, code) == ("InputError", "SEND_ID_REUSED") and "300 rows" in message, message  # not dropped
+        d.send("arrow")
         d.end_and_check()
 
 

@@ -116,7 +116,7 @@ def test_a_take_over_at_any_moment_gives_the_rows_a_run_without_failure_gives(se
             for p, (start, _, rows) in parts.items():
                 assert after[name][p][0] == start and after[name][p][2][:len(rows)] == rows
         ids = standby.backup.sent_ids()
-        assert f"id-{at - 1}" in ids and ids[f"id-{at - 1}"] == batch(at - 1).num_rows
+        assert ids.taken("dq_in", f"id-{at - 1}") == batch(at - 1).num_rows
         for i in range(at, sends):
             second.send("dq_in", batch(i))
         second.end("dq_in")

@@ -31,9 +31,9 @@ from sparkcep.control.datapath.journal import forget, query_of
 from sparkcep.control.datapath.wire import Assembler
 from sparkcep.errors import EngineError
 from sparkcep.gateway.deployed import options_from_wire
-from sparkcep.gateway.endpoint import SendIds
 from sparkcep.gateway.staging import Staging
 from sparkcep.runtime.output_log import OutputLog, Retention
+from sparkcep.runtime.send_ids import SendIds
 
 log = logging.getLogger("sparkcep")
 KEEP_ALL = Retention(rows=None, bytes=None, age_s=None)  # a standby's logs drop only what the primary's did
@@ -125,7 +125,7 @@ class Backup:
         for e in self.entries:
             key = e.get("key")
             if e["kind"] == "send" and key and key[0] == "id" and not e.get("aborted"):
-                ids.add(key[1], e["rows"])
+                ids.add(e["stream"], key[1], e["rows"])
         return ids
 
 
