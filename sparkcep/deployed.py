@@ -24,7 +24,8 @@ from sparkcep.errors import QueryError
 from sparkcep.migration.plan import assignment_of
 
 MAX_GAP_MS = 60_000.0  # the longest pause between two steps of a migration
-CALLS = ("migrate", "move", "rescale", "replicas", "bin_owners", "explain", "migrations", "instance_metrics",
+CHANGES = ("migrate", "move", "rescale")  # what reconfigures a deployed query; the other calls read it
+CALLS = (*CHANGES, "replicas", "bin_owners", "explain", "migrations", "instance_metrics",
          "parallelism")  # what a client may call on a deployed query through an engine's endpoint
 
 

@@ -350,9 +350,9 @@ class Engine:
         rows it is refused (``SEND_ID_REUSED``)."""
         if send_id is None:
             return self._take(stream, data)
-        return self.send_once(stream, data, send_id_of(send_id))[0]
+        return self._send_once(stream, data, send_id_of(send_id))[0]
 
-    def send_once(self, stream: str, data, send_id: str) -> tuple[int, bool]:
+    def _send_once(self, stream: str, data, send_id: str) -> tuple[int, bool]:
         """:meth:`send` under ``send_id``: (rows, whether the id was taken before and nothing is now)."""
         with self._lock:
             taken = self.sent.taken(stream, send_id)

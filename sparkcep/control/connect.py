@@ -212,7 +212,7 @@ class ConnectedEngine:
         self._await_members(replicas, replicas * spread if isinstance(spread, int) else replicas)
         doc = {"kind": "deploy", "query": base64.b64encode(cloudpickle.dumps(query)).decode(), "options": options}
         result = self._request(doc, f"deploy of {query.name!r}")
-        return ClientDeployed(result["deployment"], query, self.path.client)
+        return ClientDeployed(result["deployment"], query, self.path)
 
     def _await_members(self, needed: int, wanted: int, timeout: float = MEMBERS_WAIT_S) -> None:
         """Wait until ``needed`` instance managers are members (one per replica: the data path then fails
@@ -238,7 +238,7 @@ class ConnectedEngine:
         def ask(client):
             return client.request("deployed", query=name)
         header, payload = self._call(f"deployment {name!r}", ask)
-        return ClientDeployed(header["deployment"], cloudpickle.loads(memoryview(payload)), self.path.client)
+        return ClientDeployed(header["deployment"], cloudpickle.loads(memoryview(payload)), self.path)
 
     def undeploy(self, name: str) -> None:
         self._request({"kind": "undeploy", "query": name}, f"undeploy of {name!r}")

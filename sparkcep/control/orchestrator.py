@@ -221,12 +221,17 @@ class Orchestrator:
         name = request["query"]
         self.path.call(f"undeploy of {name!r}", lambda c: c.undeploy(name))
         record = self.registry.get(f"{tree.DEPLOYMENTS}/{name}") or {}
+        nodes = [f"{tree.STREAMS}/{s}" for s in record.get("streams", [])] + \
+                [f"{tree.OUTPUTS}/{o}" for o in record.get("outputs", [])]
         with self._guarded() as t:
-            for s in record.get("streams", []):
-                t.delete(f"{tree.STREAMS}/{s}")
-            for o in record.get("outputs", []):
-                t.delete(f"{tree.OUTPUTS}/{o}")
-        self.registry.delete(f"{tree.DEPLOYMENTS}/{name}", recursive=True)
+            for node in nodes:
+                if self.registry.get(node) is not None:
+                    t.delete(node)
+        try:  # a refresh during a take-over may have dropped the record already
+            self.registry.delete(f"{tree.DEPLOYMENTS}/{name}", recursive=True)
+        except RegistryError as e:
+            if e.code != "NO_NODE":
+                raise
         return {"query": name}
 
     # --- the cluster -------------------------------------------------------------------

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import operator
 
-from sparkcep.deployed import Deployed
-from sparkcep.errors import QueryError
+from sparkcep.deployed import CHANGES, Deployed
+from sparkcep.errors import EngineError, QueryError
+from sparkcep.gateway.discovery import EngineNotFoundError
 from sparkcep.runtime.output_log import Retention
 
 
@@ -72,14 +73,37 @@ def _plain(value):
 
 
 class ClientDeployed(Deployed):
-    """Query ``query`` deployed as ``id`` on the engine that ``connect()`` reaches: a fresh client per call,
-    so a long migration does not hold up the sends of the engine object it came from."""
+    """Query ``query`` deployed as ``id`` on a cluster's data path ``path``
+    (:class:`sparkcep.control.connect.DataPath`): a client of its own per call, so a long migration does
+    not hold up the sends of the engine object it came from.
 
-    def __init__(self, id: str, query, connect):
+    Reads ride through fail-overs of the data path. A change (``migrate``,
+    ``move``, ``rescale``) whose connection is lost while it runs is not
+    tried again: the data path that took over replayed its journal in the
+    layout recorded last, and the call raises ``MIGRATION_INTERRUPTED``
+    saying so (call it again to finish).
+    """
+
+    def __init__(self, id: str, query, path):
         super().__init__(id, query)
-        self._connect = connect
+        self._path = path
 
     def _call(self, method: str, **args):
-        with self._connect() as client:
-            header, _ = client.request("deployment", query=self.name, method=method, args=to_wire(method, args))
+        lost = []
+
+        def ask(client):
+            if lost:
+                raise EngineError(f"the cluster's data path failed over while {method} of query {self.name!r} ran "
+                                  f"({lost[0]}): it stopped there, and the data path that took over runs the layout "
+                                  f"its journal last recorded (bin_owners() says where each bin is): {method} "
+                                  "again to finish", "MIGRATION_INTERRUPTED")
+            try:
+                return client.request("deployment", query=self.name, method=method, args=to_wire(method, args))[0]
+            except EngineNotFoundError as e:  # the connection went: a change may have been under way
+                if method in CHANGES:
+                    lost.append(e)
+                raise
+
+        header, client = self._path.call(f"{method} of query {self.name!r}", ask)
+        client.close()
         return from_wire(method, header["result"], result=True)

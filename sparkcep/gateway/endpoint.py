@@ -290,7 +290,7 @@ class Endpoint:
             if send_id is None:
                 n, duplicate = self.engine.send(h["stream"], table), False
             else:
-                n, duplicate = self.engine.send_once(h["stream"], table, send_id_of(send_id))
+                n, duplicate = self.engine._send_once(h["stream"], table, send_id_of(send_id))
             if duplicate:
                 self.counters["duplicate_sends"] += 1
             else:

@@ -1,14 +1,17 @@
 """A primary engine host that hangs (SIGSTOP) while a client sends through ``Engine.connect``: its
 connections stay open, so nothing breaks on the client's side; the standby takes over once the hung
 host's registry session expires, and the client's send under way goes there within seconds, long
-before the hung host resumes. After it resumes (fenced), every row is out once, equal per window and
-IP to the run in one process.
+before the hung host resumes. A migration under way on the hung host ends as soon with
+MIGRATION_INTERRUPTED, and reads of the deployed query go to the new primary; the migration called
+again finishes. After the hung host resumes (fenced), every row is out once, equal per window and IP
+to the run in one process.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import numpy as np
@@ -22,6 +25,22 @@ from harness import wait
 HANG_S = 15.0  # the primary stays stopped this long
 MOVED_S = 8.0  # sends are taken again within this (session timeout 2 s, take-over, retry)
 T0 = 1_700_000_000_000_000
+BINS = 64
+
+
+class Migration(threading.Thread):
+    """``call`` run in a thread of its own, its error kept."""
+
+    def __init__(self, call):
+        super().__init__(daemon=True)
+        self.call, self.error = call, None
+        self.start()
+
+    def run(self):
+        try:
+            self.call()
+        except cep.SparkcepError as e:
+            self.error = e
 
 
 def events(i: int, n: int = 300) -> pd.DataFrame:
@@ -44,7 +63,7 @@ def test_sends_leave_a_hung_primary_for_the_new_one(tmp_path):
     try:
         wait(cluster.settled, "the cluster to settle", timeout=60)
         with cep.Engine.connect(cluster.zk, token_file=str(cluster.token_file), retry_s=60) as engine:
-            engine.deploy(query())
+            dep = engine.deploy(query(), parallelism=2, bins=BINS)
             done_at: list[float] = []
 
             def send(i):
@@ -52,6 +71,9 @@ def test_sends_leave_a_hung_primary_for_the_new_one(tmp_path):
                 done_at.append(time.monotonic())
             sender = Sender(send, range(400), pace_s=0.02).start()
             sender.wait_done(20, 60)
+            target = {b: 1 - o for b, o in enumerate(dep.bin_owners("agg"))}
+            migration = Migration(lambda: dep.migrate("agg", target, strategy="batched", batch=1, gap_ms=200))
+            time.sleep(1.0)  # a few of its 64 steps done
             primary = cluster.primary()
             assert sender.during_send(lambda: os.kill(primary["pid"], signal.SIGSTOP))
             stopped, t_stop = primary["pid"], time.monotonic()
@@ -60,6 +82,10 @@ def test_sends_leave_a_hung_primary_for_the_new_one(tmp_path):
             took = done_at[n] - t_stop if len(done_at) > n else None
             assert took is not None and took < MOVED_S, f"no send taken in {MOVED_S} s of the primary's hang"
             assert cluster.primary()["pid"] != stopped
+            migration.join(MOVED_S - (time.monotonic() - t_stop))
+            assert getattr(migration.error, "code", migration.error) == "MIGRATION_INTERRUPTED"
+            assert dep.migrate("agg", target)["kind"] == "migrate"  # the new primary's layout, finished
+            assert dep.bin_owners("agg") == [target[b] for b in range(BINS)]
             time.sleep(max(0.0, HANG_S - (time.monotonic() - t_stop)))
             os.kill(stopped, signal.SIGCONT)
             stopped = None
@@ -69,7 +95,7 @@ def test_sends_leave_a_hung_primary_for_the_new_one(tmp_path):
             engine.end("ev")
             got = engine.collect("per_ip").to_pandas()
         with cep.Engine.local() as ref:
-            ref.deploy(query())
+            ref.deploy(query(), parallelism=2, bins=BINS)
             for i in range(sent):
                 ref.send("ev", events(i))
             ref.end("ev")
