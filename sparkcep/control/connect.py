@@ -60,10 +60,22 @@ def engine_address(zk: str) -> str:
     ``ENGINE_NOT_FOUND`` when it has none, RegistryError when the registry cannot be read."""
     with open_registry(zk, timeout=REGISTRY_TIMEOUT_S) as registry:
         doc = registry.get(tree.ENGINE)
-    if not doc:
-        raise EngineNotFoundError(f"the cluster at {zk} has no engine host (its registry holds no {tree.ENGINE}: "
-                                  "is an orchestrator running?)", "ENGINE_NOT_FOUND")
+        if not doc:
+            raise EngineNotFoundError(f"the cluster at {zk} has no data path: {no_data_path(registry)}",
+                                      "ENGINE_NOT_FOUND")
     return doc["address"]
+
+
+def no_data_path(registry) -> str:
+    """Why the registry names no data path at ``/engine``: none yet (or a take-over under way), or one lost
+    for good (no engine host holds the journal of the run ``/datapath`` names)."""
+    last = registry.get(tree.DATAPATH)
+    if last:
+        hosts = [registry.get(tree.host(n)) for n in registry.children(tree.HOSTS)]
+        if not any(h and h.get("run") == last.get("run") for h in hosts):
+            return (f"its data path (run {last.get('run')}, era {last.get('era')}) is lost: no engine host holds its "
+                    "journal (the primary and its standby are gone), so none can take over")
+    return "the registry names no engine host now (is an orchestrator running?)"
 
 
 def retryable(error: SparkcepError) -> bool:
@@ -90,17 +102,20 @@ class DataPath:
             if self._address is not None:
                 return self._address
         while True:
+            why = None
             try:
                 doc = self.registry.get(tree.ENGINE)
             except RegistryError as e:  # the registry is down or restarting: it comes back, or the deadline
                 doc, why = None, f"the registry does not answer ({e.code})"
-            else:
-                why = "the registry names no engine host (is an orchestrator running?)"
             if doc:
                 with self._lock:
                     self._address = doc["address"]
                     return self._address
             if time.monotonic() > deadline:
+                try:
+                    why = why or no_data_path(self.registry)
+                except RegistryError as e:
+                    why = f"the registry does not answer ({e.code})"
                 raise EngineNotFoundError(f"the cluster at {self.zk} has no data path: {why}", "ENGINE_NOT_FOUND")
             time.sleep(POLL_S)
 
