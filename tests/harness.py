@@ -7,6 +7,7 @@ values; timestamps are int microseconds on both sides of a comparison.
 from __future__ import annotations
 
 import random
+import threading
 import time
 from dataclasses import dataclass
 
@@ -95,3 +96,19 @@ def wait(look, what: str, timeout: float = 60.0, every: float = 0.05):
         assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
         time.sleep(every)
     return value
+
+
+class InThread(threading.Thread):
+    """``call()`` run in a daemon thread of its own, started at once: its ``result``, or the ``error`` it
+    raised and when (``failed_at``, monotonic)."""
+
+    def __init__(self, call):
+        super().__init__(daemon=True)
+        self.call, self.result, self.error, self.failed_at = call, None, None, None
+        self.start()
+
+    def run(self):
+        try:
+            self.result = self.call()
+        except BaseException as e:  # noqa: BLE001 - the test asserts on it
+            self.error, self.failed_at = e, time.monotonic()

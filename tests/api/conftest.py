@@ -1,4 +1,4 @@
-"""The engines the public API is checked on, each started once for the session, as a user starts them.
+"""The engines the public API is checked on, each started once per test module, as a user starts them.
 
 * ``workers0``: ``Engine.local(workers=0)``, everything in this process;
 * ``workers2``: ``Engine.local(workers=2)``, two instance managers it starts;
@@ -25,7 +25,7 @@ import sparkcep as cep
 from sparkcep import auth
 
 
-@pytest.fixture(scope="session", params=KINDS)
+@pytest.fixture(scope="module", params=KINDS)
 def api(request, tmp_path_factory):
     kind = request.param
     if kind == "cluster":
@@ -52,7 +52,7 @@ def api(request, tmp_path_factory):
         stop(processes)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def cluster(zookeeper, tmp_path_factory):
     """The ``cluster`` kind: an orchestrator and two workers joining a fresh root of the session's ZooKeeper."""
     home = tmp_path_factory.mktemp("api-cluster")

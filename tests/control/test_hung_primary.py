@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 
 import numpy as np
@@ -20,27 +19,12 @@ from chaos_harness import Cluster
 from sender import Sender
 
 import sparkcep as cep
-from harness import wait
+from harness import InThread, wait
 
 HANG_S = 15.0  # the primary stays stopped this long
 MOVED_S = 8.0  # sends are taken again within this (session timeout 2 s, take-over, retry)
 T0 = 1_700_000_000_000_000
 BINS = 64
-
-
-class Migration(threading.Thread):
-    """``call`` run in a thread of its own, its error kept."""
-
-    def __init__(self, call):
-        super().__init__(daemon=True)
-        self.call, self.error = call, None
-        self.start()
-
-    def run(self):
-        try:
-            self.call()
-        except cep.SparkcepError as e:
-            self.error = e
 
 
 def events(i: int, n: int = 300) -> pd.DataFrame:
@@ -72,7 +56,7 @@ def test_sends_leave_a_hung_primary_for_the_new_one(tmp_path):
             sender = Sender(send, range(400), pace_s=0.02).start()
             sender.wait_done(20, 60)
             target = {b: 1 - o for b, o in enumerate(dep.bin_owners("agg"))}
-            migration = Migration(lambda: dep.migrate("agg", target, strategy="batched", batch=1, gap_ms=200))
+            migration = InThread(lambda: dep.migrate("agg", target, strategy="batched", batch=1, gap_ms=200))
             time.sleep(1.0)  # a few of its 64 steps done
             primary = cluster.primary()
             assert sender.during_send(lambda: os.kill(primary["pid"], signal.SIGSTOP))

@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
@@ -24,6 +23,7 @@ import pyarrow as pa
 import pytest
 
 import sparkcep as cep
+from harness import InThread
 from sparkcep import auth
 from sparkcep.errors import EngineError, QueryError, SparkcepError
 from sparkcep.runtime.cluster import Starting, wait_ready
@@ -167,16 +167,7 @@ def test_a_second_migration_of_an_operator_while_one_runs_is_refused(running):
     moving = {b: 1 - o for b, o in enumerate(owners) if b % 2 == 0}  # half the bins change hands
     target = [moving.get(b, o) for b, o in enumerate(owners)]
     ims = [im["name"] for im in engine.instance_managers()] or ["engine"]
-    result: dict = {}
-
-    def first():
-        try:
-            result["report"] = dep.migrate("agg", moving, strategy="fluid", gap_ms=10)
-        except BaseException as e:  # noqa: BLE001 - the assertion below shows it
-            result["error"] = e
-
-    t = threading.Thread(target=first)
-    t.start()
+    t = InThread(lambda: dep.migrate("agg", moving, strategy="fluid", gap_ms=10))
     try:
         deadline = time.monotonic() + 30
         while not any(r["bins"] >= 3 for r in dep.migrations()["running"]) and time.monotonic() < deadline:
@@ -196,8 +187,8 @@ def test_a_second_migration_of_an_operator_while_one_runs_is_refused(running):
             sent += 1
     finally:
         t.join(120)
-    assert "error" not in result, result.get("error")
-    report = result["report"]
+    assert t.error is None, t.error
+    report = t.result
     assert report["bins"] == len(moving) and report["steps"] == len(moving) and report["strategy"] == "fluid"
     assert dep.bin_owners("agg") == target  # the first one's table, nothing of the refused ones
     assert dep.parallelism["SQ2"] == 2 and len(dep.migrations()["finished"]) == 1
@@ -210,17 +201,7 @@ def test_a_migration_under_way_stops_with_undeployed_when_its_query_is_undeploye
     from a released ring); no instance is left, and the query deploys again and runs as before."""
     engine, dep = running
     moving = {b: 1 - o for b, o in enumerate(dep.bin_owners("agg"))}
-    result: dict = {}
-
-    def first():
-        try:
-            result["report"] = dep.migrate("agg", moving, strategy="fluid", gap_ms=10)
-        except BaseException as e:  # noqa: BLE001 - the assertions below show it
-            result["error"] = e
-            result["at"] = time.monotonic()
-
-    t = threading.Thread(target=first)
-    t.start()
+    t = InThread(lambda: dep.migrate("agg", moving, strategy="fluid", gap_ms=10))
     deadline = time.monotonic() + 30
     while not any(r["bins"] >= 3 for r in dep.migrations()["running"]) and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -229,9 +210,8 @@ def test_a_migration_under_way_stops_with_undeployed_when_its_query_is_undeploye
     undeployed = time.monotonic()
     t.join(30)
     assert not t.is_alive(), "the migration still runs 30 s after its query was undeployed"
-    error = result.get("error")
-    assert isinstance(error, EngineError) and error.code == "UNDEPLOYED", repr(error)
-    assert "'errs'" in str(error) and result["at"] - undeployed < 5
+    assert isinstance(t.error, EngineError) and t.error.code == "UNDEPLOYED", repr(t.error)
+    assert "'errs'" in str(t.error) and t.failed_at - undeployed < 5
     assert all(not im["instances"] for im in engine.instance_managers())
     dep = engine.deploy(query(), parallelism=2, bins=BINS)
     finish(engine, dep, sent=0)

@@ -25,7 +25,7 @@ import pytest
 from sender import Sender
 
 import sparkcep as cep
-from harness import plain
+from harness import plain, wait
 from reference import assert_same_rows
 from sparkcep.migration import megaphone
 from sparkcep.runtime.cluster import Cluster
@@ -121,11 +121,8 @@ def test_a_replicated_deployment_migrates_moves_and_rescales_under_input(engine)
     victim = next(im for im in engine.instance_managers() if im["name"] in own)
     sender.wait_done(sender.done + 20, LIMIT_S)  # windows holding the changes close (the leader's rows)
     assert sender.during_send(lambda: os.kill(victim["pid"], signal.SIGKILL))
-    deadline = time.monotonic() + LIMIT_S
-    while [r["state"] for r in dep.replicas()] != ["running", "running"] or \
-            not engine.metrics()["queries"]["rm"]["replication"]["catchups"]:
-        assert time.monotonic() < deadline, dep.replicas()
-        time.sleep(0.05)
+    wait(lambda: [r["state"] for r in dep.replicas()] == ["running", "running"] and
+         engine.metrics()["queries"]["rm"]["replication"]["catchups"], "the replica's catch-up", LIMIT_S)
     sender.wait_done(sender.done + 10, LIMIT_S)
     sender.stop()
     assert not sender.errors, sender.errors
@@ -166,19 +163,15 @@ def test_a_rescale_goes_on_when_a_replica_loses_an_instance_manager_during_it(mo
             steps.append(rep.replica)
             if rep.replica == 0 and steps.count(0) == 2:  # replica 0's second step: its instance manager dies first
                 os.kill(victim["pid"], signal.SIGKILL)
-                deadline = time.monotonic() + LIMIT_S
-                while rep.error is None:  # the engine noticed: its next step finds the replica failed
-                    assert time.monotonic() < deadline
-                    time.sleep(0.005)
+                # the engine noticed: its next step finds the replica failed
+                wait(lambda: rep.error is not None, "the replica to be failed", LIMIT_S, every=0.005)
             return step_records(rep, operator, owners, moves)
         monkeypatch.setattr(megaphone, "step_records", killing)
         report = dep.rescale("agg", instances=3, batch=2)
         assert report["bins"] == 5 and steps == [0, 1, 0, 1, 1], (report, steps)  # 3 steps of 2 bins
         assert dep.parallelism == {"SQ1": 3}
-        deadline = time.monotonic() + LIMIT_S
-        while [r["state"] for r in dep.replicas()] != ["running", "running"]:
-            assert time.monotonic() < deadline, dep.replicas()
-            time.sleep(0.05)
+        wait(lambda: [r["state"] for r in dep.replicas()] == ["running", "running"], "both replicas to run",
+             LIMIT_S)
         assert [sorted(p) for p in placement(dep)] == [[0, 1, 2], [0, 1, 2]], dep.explain()
         assert victim["name"] not in placement(dep)[0].values(), dep.explain()
 
@@ -211,14 +204,9 @@ def test_a_slow_catch_up_holds_the_sources_back(engine, monkeypatch):
     sender.wait_done(10, LIMIT_S)
     victim = next(im for im in engine.instance_managers() if im["name"] in placement(dep)[0].values())
     assert sender.during_send(lambda: os.kill(victim["pid"], signal.SIGKILL))
-    deadline = time.monotonic() + LIMIT_S
-    while dep.replicas()[0]["state"] != "catching-up":
-        assert time.monotonic() < deadline, dep.replicas()
-        time.sleep(0.001)
+    wait(lambda: dep.replicas()[0]["state"] == "catching-up", "the catch-up to start", LIMIT_S, every=0.001)
     t0, at_start = time.monotonic(), sender.done
-    while dep.replicas()[0]["state"] != "running":
-        assert time.monotonic() < deadline, dep.replicas()
-        time.sleep(0.001)
+    wait(lambda: dep.replicas()[0]["state"] == "running", "the catch-up to end", LIMIT_S, every=0.001)
     took, during = time.monotonic() - t0, sender.done - at_start
     sender.wait_done(sender.done + 10, LIMIT_S)
     sender.stop()
