@@ -54,8 +54,8 @@ def test_a_cluster_target_needs_the_token_file():
 def test_the_engine_host_is_looked_up_once_and_again_when_it_moves(cluster):
     zk, registry, token_file = cluster
     t = target_of(zk, str(token_file))
-    with pytest.raises(SparkSourceError, match=r"^\[UPMCEP_ENGINE_NOT_FOUND\] the cluster at zk://.* has no "
-                                               r"engine host"):
+    with pytest.raises(SparkSourceError, match=r"^\[UPMCEP_ENGINE_NOT_FOUND\] the cluster at zk://.* has no data "
+                                               r"path: the registry names no engine host"):
         call(t, lambda c: c.hello())
     token = auth.read(token_file)
     with cep.Engine.local(token=token) as first:
