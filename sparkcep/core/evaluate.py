@@ -18,6 +18,7 @@ from sparkcep.schema import TYPES, Schema
 
 _NUMPY = {"+": np.add, "-": np.subtract, "*": np.multiply, "==": np.equal, "!=": np.not_equal,
           "<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal}
+_SCALARS = {"int64": np.int64, "float64": np.float64, "timestamp": np.int64}  # literals used as they are
 _CMP = {"==": lambda c: c == 0, "!=": lambda c: c != 0, "<": lambda c: c < 0,
         "<=": lambda c: c <= 0, ">": lambda c: c > 0, ">=": lambda c: c >= 0}
 
@@ -53,6 +54,9 @@ def evaluate(expr: Expr, batch: pa.RecordBatch, schema: Schema):
 
 def _binop(e: BinOp, batch, schema):
     a, a_ok = evaluate(e.left, batch, schema)
+    if e.op in _NUMPY and isinstance(e.right, Lit) and e.right.kind in _SCALARS and not isinstance(a, tuple):
+        with np.errstate(all="ignore"):  # col > 5: the literal as a scalar, not a column of 5s
+            return _NUMPY[e.op](a, _SCALARS[e.right.kind](e.right.value)), a_ok
     b, b_ok = evaluate(e.right, batch, schema)
     if e.op == "&":
         # SQL: false & x is false even when x is null
