@@ -66,6 +66,7 @@ class EngineHost:
         self.endpoint = start_endpoint(self.engine, listen, publish=False)
         self.endpoint.guard = self._guard
         self.endpoint.on_shutdown = self.stopped.set
+        self.endpoint.role = lambda: self.roles.role if hasattr(self, "roles") else "spare"
         self.endpoint._ops["journal"] = self._journal_op
         self.backup = Backup()
         self.adopted: dict[str, str] = {}  # member name -> address

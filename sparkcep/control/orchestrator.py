@@ -227,7 +227,7 @@ class Orchestrator:
             for node in nodes:
                 if self.registry.get(node) is not None:
                     t.delete(node)
-        try:  # a refresh during a take-over may have dropped the record already
+        try:  # the registry may have lost it (a ZooKeeper restarted empty)
             self.registry.delete(f"{tree.DEPLOYMENTS}/{name}", recursive=True)
         except RegistryError as e:
             if e.code != "NO_NODE":
@@ -237,11 +237,16 @@ class Orchestrator:
     # --- the cluster -------------------------------------------------------------------
     def _refresh(self) -> None:
         """Record each deployment's state, placement and figures as the primary serves them now, and what
-        each instance manager runs; deployments the registry lost are recorded again."""
+        each instance manager runs; deployments the registry lost are recorded again. Nothing while a
+        host takes over: until it has replayed them all, the queries it serves are not all there are."""
         try:
             (metrics, ims), client = self.path.call("refresh", lambda c: (c.metrics(), c.instance_managers()))
         except SparkcepError as e:
             log.info("orchestrator %s: no data path to look at now: %s", self.name, e)
+            return
+        if metrics.get("role", "primary") != "primary":  # it serves only the queries replayed so far
+            log.info("orchestrator %s: the data path is %s: deployments left as recorded", self.name, metrics["role"])
+            client.close()
             return
         now = time.time()
         queries = metrics.get("queries", {})

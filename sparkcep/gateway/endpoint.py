@@ -124,6 +124,7 @@ class Endpoint:
         self._published = publish
         self.on_shutdown = None  # set by a process that may be stopped through its endpoint (an engine host)
         self.guard = None  # guard(op) raises for an operation this process does not serve now (a standby's)
+        self.role = None  # role() names what the engine host serving here is now, for metrics (see snapshot)
         if publish:
             discovery.publish(self.address, self.token_file)
 
@@ -425,11 +426,14 @@ class Endpoint:
 
     # --- metrics -----------------------------------------------------------------------
     def snapshot(self) -> dict:
-        """The engine's metrics with the endpoint's counters under ``"endpoint"``."""
+        """The engine's metrics with the endpoint's counters under ``"endpoint"``; on an engine host, its
+        role under ``"role"`` (``taking-over``: its queries are not all replayed yet)."""
         with self.lock:
             m = dict(self.engine.metrics())
             m["endpoint"] = dict(self.counters, staged_rows=self.staging.rows,
                                  retained_rows=sum(log_.retained for log_ in self.engine.outputs.values()))
+        if self.role is not None:
+            m["role"] = self.role()
         return m
 
     def _sample_metrics(self, form: str, interval=None) -> None:

@@ -1,0 +1,83 @@
+"""The leading orchestrator's records of deployments (``/deployments``) against what the data path serves.
+
+A real ZooKeeper, a real orchestrator (not running its loop: the test calls its refresh) and a real engine
+endpoint as the cluster's ``/engine``. An engine host taking over serves metrics while it replays its
+journal, with only the queries replayed so far: a refresh then must leave the records alone. Before, it
+deleted the records of the queries not replayed yet, and wrote them again afterwards without their deploy
+options.
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+
+import cloudpickle
+import pytest
+
+import sparkcep as cep
+from harness import wait
+from sparkcep import auth
+from sparkcep.control import tree
+from sparkcep.control.orchestrator import Orchestrator
+from sparkcep.control.registry import open_registry
+
+
+def query(name: str) -> cep.Query:
+    q = cep.Query(name)
+    s = q.stream(f"{name}_in", "k int64, ts timestamp", time="ts")
+    q.output(f"{name}_out", s.aggregate(cep.TimeWindow("1s"), by="k", name="agg", n=cep.count()))
+    return q
+
+
+@pytest.fixture
+def cluster(zookeeper, tmp_path):
+    """(orchestrator leading a fresh root, the engine it sees as the data path, the engine's endpoint)."""
+    token = auth.generate()
+    zk = f"zk://{zookeeper}/o{uuid.uuid4().hex[:8]}"
+    orch = Orchestrator(open_registry(zk, session_timeout=2.0, token=token), zk, "o1",
+                        str(auth.write(tmp_path / "token", token)))
+    engine = cep.Engine.local(token=token)
+    try:
+        wait(orch.leading.is_set, "the orchestrator to lead")
+        orch.registry.create(tree.ENGINE, {"name": "h1", "address": engine.endpoint.address, "era": 1, "run": "r"})
+        yield orch, engine
+    finally:
+        orch.close()
+        engine.close()
+
+
+def deploy(orch: Orchestrator, q: cep.Query, **options) -> None:
+    orch._deploy({"query": base64.b64encode(cloudpickle.dumps(q)).decode(), "options": options})
+
+
+def record(orch: Orchestrator, name: str) -> dict | None:
+    sealed = orch.registry.get(f"{tree.DEPLOYMENTS}/{name}")
+    return None if sealed is None else auth.unseal(sealed, orch.token, "a deployment")
+
+
+def test_a_refresh_during_a_take_over_keeps_the_records_of_queries_not_replayed_yet(cluster):
+    orch, engine = cluster
+    deploy(orch, query("a"), bins=64)
+    deploy(orch, query("b"), bins=32)
+    assert record(orch, "b")["options"] == {"bins": 32}
+
+    engine.undeploy("b")  # what a host taking over serves before it replayed b
+    engine.endpoint.role = lambda: "taking-over"
+    orch._refresh()
+    assert record(orch, "b")["options"] == {"bins": 32}
+    assert orch.registry.get(f"{tree.STREAMS}/b_in") == {"query": "b"}
+
+    engine.deploy(query("b"), bins=32)  # replayed: the take-over is done
+    engine.endpoint.role = lambda: "primary"
+    orch._refresh()
+    assert record(orch, "b")["options"] == {"bins": 32}
+    assert orch.registry.get(f"{tree.DEPLOYMENTS}/b/metrics")["state"] == "running"
+
+
+def test_a_refresh_forgets_a_query_the_serving_data_path_no_longer_runs(cluster):
+    orch, engine = cluster
+    deploy(orch, query("a"))
+    engine.undeploy("a")  # by another client of the data path
+    orch._refresh()
+    assert record(orch, "a") is None
