@@ -336,16 +336,20 @@ def accumulate_tuples(pos, K, ts, wm, seq, size, adv, rowstr, P, V, T, ready_b, 
 
 
 @njit(nogil=True, cache=True)
-def window_ids(salt, rows, arena, bins):
-    """Output ids of the window entries taken out of ``bins`` as ``rows``: ``salt`` folded with the
-    window start, then the key's hash (:mod:`sparkcep.core.ids`), the hash from the stored key words
-    (the arena's bytes past 16). Hashing the keys' bytes again and stacking the parts for
-    :func:`~sparkcep.core.hashing.derive_ids` took a quarter of a 31K-row fire."""
-    n = rows.shape[1]
+def window_ids(salt, keys, w0, w1, starts, arena, bins):
+    """Output ids of the window entries taken out of ``bins`` (their KEY, K0, K1 and WSTART columns):
+    ``salt`` folded with the window start, then the key's hash (:mod:`sparkcep.core.ids`), the hash
+    from the stored key words (the arena's bytes past 16). Hashing the keys' bytes again and stacking
+    the parts for :func:`~sparkcep.core.hashing.derive_ids` took a quarter of a 31K-row fire.
+
+    Columns, not the (columns, n) block: a block holding only some of its entries is not contiguous,
+    and numba compiled a second kernel for it at the first fire that left entries in the table
+    (0.85 s on a fresh machine, 4 ms to load from the cache in every new process)."""
+    n = len(keys)
     out = np.empty(n, np.int64)
     for j in range(n):
-        h = stored_hash(rows[KEY, j], rows[K0, j], rows[K1, j], arena[bins[j]])
-        out[j] = np.int64(fold(fold(salt, rows[WSTART, j]), h))
+        h = stored_hash(keys[j], w0[j], w1[j], arena[bins[j]])
+        out[j] = np.int64(fold(fold(salt, starts[j]), h))
     return out
 
 
@@ -629,7 +633,7 @@ class WindowAggregate:
         if self.by:
             cols += columns.decode_keys(koff, kdata, self.key_fields)
         cols += self.program.results(rows, self.table.arena, b)
-        ids = window_ids(self.salt, rows, self.table.arena, b)
+        ids = window_ids(self.salt, rows[KEY], rows[K0], rows[K1], starts, self.table.arena, b)
         cols += [pa.array(rows[AUX], pa.int64()), pa.array(ids), pa.array(ts, pa.int64()), pa.array(wm, pa.int64())]
         return [pa.RecordBatch.from_arrays(cols, names=self.out_schema.names + list(columns.HIDDEN))]
 

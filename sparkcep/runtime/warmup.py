@@ -56,6 +56,7 @@ def warm_up(progress=None) -> None:
         q.output("__warm_c", s.aggregate(TupleWindow(2), n=fn.count()))
         q.output("__warm_d", s.map(k="k", ts="ts", w=col("v") * 2).join(r, TimeWindow("10s"), on="k"))
         q.output("__warm_e", s.join(r, TimeWindow("10s"), where=col("v_left") < col("v_right")))
+        q.output("__warm_h", s.join(r, TimeWindow("10s"), on="g"))  # encoded keys: their own kernels
         q.output("__warm_f", f.union(s.filter(col("v") < 2)).aggregate(Running(), by=["k"], **funcs))
         q.output("__warm_g", s.map(k=col("k").split_part(",", 1), ts="ts").aggregate(Running(), by="k",
                                                                                      n=fn.count()))
