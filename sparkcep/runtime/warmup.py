@@ -56,7 +56,13 @@ def warm_up(progress=None) -> None:
         q.output("__warm_c", s.aggregate(TupleWindow(2), n=fn.count()))
         q.output("__warm_d", s.map(k="k", ts="ts", w=col("v") * 2).join(r, TimeWindow("10s"), on="k"))
         q.output("__warm_e", s.join(r, TimeWindow("10s"), where=col("v_left") < col("v_right")))
-        q.output("__warm_h", s.join(r, TimeWindow("10s"), on="g"))  # encoded keys: their own kernels
+        # a key of one string field is hashed as it is, any other is encoded first: each kind of key
+        # compiles its own kernels, so each keyed operator runs with both
+        q.output("__warm_h", s.join(r, TimeWindow("10s"), on="g"))
+        q.output("__warm_i", s.aggregate(TupleWindow(2), by="k", n=fn.count()))
+        q.output("__warm_j", s.aggregate(Running(), by="g", n=fn.count()))
+        q.output("__warm_k", s.filter(col("k").startswith("a") | (col("k") == "b") | (col("k") < col("k")))
+                 .map(k=col("k").split_part(",", 2), ts="ts"))
         q.output("__warm_f", f.union(s.filter(col("v") < 2)).aggregate(Running(), by=["k"], **funcs))
         q.output("__warm_g", s.map(k=col("k").split_part(",", 1), ts="ts").aggregate(Running(), by="k",
                                                                                      n=fn.count()))

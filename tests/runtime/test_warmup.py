@@ -1,11 +1,13 @@
 """The warm-up leaves no kernel for the first batches to compile.
 
 In a fresh interpreter: ``warm_up()``, then queries as users run them (windows that fire while
-later windows stay open, a sliding window, joins on a string and on an integer key), each on two
-instances. Every numba kernel of the core and the runtime must have been compiled (or loaded from
-the cache) by the warm-up already: a signature it missed costs the first window close about 0.85 s
-to compile on a fresh machine (the install's ``sparkcep warm-up`` does not cache it either), and
-a few ms to load in every new instance manager after that.
+later windows stay open, a sliding window, tuple windows and running aggregates, each keyed by a
+string and by an integer; joins on both kinds of key; string comparisons, ``startswith`` and
+``split_part``), each on two instances. Every numba kernel of the core and the runtime must have
+been compiled (or loaded from the cache) by the warm-up already: a signature it missed costs the
+first window close or join about 0.7-0.85 s to compile on a fresh machine (the install's
+``sparkcep warm-up`` does not cache it either), and a few ms to load in every new instance manager
+after that.
 """
 
 from __future__ import annotations
@@ -50,13 +52,18 @@ def rows(j, n=400):
             "ts": np.full(n, T0 + j * 400_000, "datetime64[us]")}
 
 ddl = "ip string, n int64, v int64, x float64, ts timestamp"
-for window in (cep.TimeWindow("1s"), cep.TimeWindow("2s", advance="1s")):
+for window in (cep.TimeWindow("1s"), cep.TimeWindow("2s", advance="1s"), cep.TupleWindow(3), cep.Running()):
     for key in ("ip", "n"):
         q = cep.Query("w")
         s = q.stream("ev", ddl, time="ts")
         q.output("o", s.aggregate(window, by=key, c=cep.count(), s=cep.sum("v"), m=cep.min("ts"),
                                   a=cep.avg("x"), f=cep.first("ip")))
         feed(q, rows)
+q = cep.Query("s")
+s = q.stream("ev", ddl, time="ts")
+ip = cep.col("ip")
+q.output("o", s.filter((ip == "10.0.1.8") | (ip < ip) | ip.startswith("10.0.2")).map(p=ip.split_part(".", 3), ts="ts"))
+feed(q, rows)
 for key in ("ip", "n"):
     q = cep.Query("j")
     left, right = q.stream("l", ddl, time="ts"), q.stream("r", ddl, time="ts")
