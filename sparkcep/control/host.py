@@ -66,13 +66,13 @@ class EngineHost:
         self.endpoint = start_endpoint(self.engine, listen, publish=False)
         self.endpoint.guard = self._guard
         self.endpoint.on_shutdown = self.stopped.set
-        self.endpoint.role = lambda: self.roles.role if hasattr(self, "roles") else "spare"
         self.endpoint._ops["journal"] = self._journal_op
         self.backup = Backup()
         self.adopted: dict[str, str] = {}  # member name -> address
         self._adopting = threading.Lock()
         self._members_watch = None
         self.roles = Roles(self.registry, name, self._doc, self)
+        self.endpoint.role = lambda: self.roles.role  # in metrics: the orchestrator waits out a take-over
 
     # --- what the endpoint serves when ---------------------------------------------------
     def _guard(self, op: str) -> None:
