@@ -524,6 +524,7 @@ class WindowAggregate:
         per_row = -(-w.size // w.advance) + 1 if self.tuple_window else -(-w.size_us // w.advance_us)
         if n * per_row > SCRATCH:
             return self._add_in_parts(batch, max(1, SCRATCH // per_row))
+        self.table.sweep()  # what the last fire left: its close did not wait for it
         K = self.route(batch)
         ts = batch.column(columns.TS).to_numpy()
         wm = batch.column(columns.WM).to_numpy()

@@ -71,11 +71,13 @@ def warm_up(progress=None) -> None:
                 "i": [1, 2, 3, 4], "ts": [t0 + dt.timedelta(seconds=i) for i in range(4)]}
         many = {"k": [f"key-{i}" for i in range(200)], "g": list(range(200)), "v": list(range(200)),
                 "x": [0.5] * 200, "i": [7] * 200, "ts": [t0] * 200}  # enough keys to grow the tables: rebuilds compile too
+        # rows that fire the windows before them, then rows added after a fire (which frees its slots)
+        later = [dict(rows, ts=[t0 + dt.timedelta(seconds=s + i) for i in range(4)]) for s in (30, 60)]
         dep = Deployment("warm#1", q, parallelism=2, bins=4)
-        seq, step, steps = 0, 0, 8
+        seq, step, steps = 0, 0, 10
         for stream in ("__warm_l", "__warm_r"):
             src = q.sources[stream]
-            for data in (rows, many, rows):
+            for data in (rows, many, *later):
                 step += 1
                 if progress is not None:
                     progress(step, steps)
