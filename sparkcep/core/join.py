@@ -111,6 +111,13 @@ class WindowJoin:
         if self.next_start is None:
             return []
         w = self.window
+        limit = None if watermark is None else watermark - w.lateness_us - w.size_us
+        if limit is not None and limit < self.next_start:
+            # no window closes: the buffers are not gathered (at every advance, that made a long window's
+            # rows cost quadratic time); the rows no window reads stay until a fire drops them
+            if self.buffers[0] and self.buffers[1]:
+                self.fired = max(self.fired, (limit // w.advance_us + 1) * w.advance_us)
+            return []
         sides = [pa.Table.from_batches(b).combine_chunks().to_batches() if b else [] for b in self.buffers]
         sides = [s[0] if s else None for s in sides]
         if sides[0] is None or sides[1] is None:
@@ -118,7 +125,7 @@ class WindowJoin:
                 self.buffers, self.next_start = [[], []], None
             return self._prune(watermark, sides)
         ts = sides[0].column(columns.TS).to_numpy()
-        limit = int(ts.max()) if watermark is None else watermark - w.lateness_us - w.size_us
+        limit = int(ts.max()) if limit is None else limit
         out = []
         for start in _window_starts(ts, w.size_us, w.advance_us):
             if self.next_start <= start <= limit:

@@ -10,6 +10,8 @@ import sparkcep as cep
 from cases import LEFT, RIGHT, T0, cep_expr, cep_window, sides
 from harness import run, stamped, table
 from reference import S, assert_same_rows
+from sparkcep.core import columns
+from sparkcep.core.join import WindowJoin
 
 C, B = ref.Col, ref.Bin
 
@@ -152,3 +154,19 @@ def test_random_joins(window, on):
         sends += [("l", left[i:i + 9]), ("r", right[i:i + 9])]
     where = None if on else B("!=", C("s_left"), C("s_right"))
     check(window, sends, on=on, where=where, parallelism=(1, 3))
+
+
+def test_an_advance_that_closes_no_window_leaves_the_buffers_as_they_came():
+    """Gathering every buffered row at each advance made a window of many advances cost quadratic
+    time: only a fire that closes a window gathers them (and drops the rows no window reads)."""
+    q = cep.Query("j")
+    l, r = q.stream("l", LEFT), q.stream("r", RIGHT)
+    join = WindowJoin(l.join(r, cep.TimeWindow("10s"), on="k").op, 4)
+    for i in range(5):
+        for port, rows, schema in ((0, [lrow("x", i, a=i)], LEFT), (1, [rrow("x", i, b=i)], RIGHT)):
+            join.add(port, columns.stamp(table(rows, schema).to_batches()[0], 2 * i + port, "ts", T0 + i * S))
+        assert join.fire(T0 + i * S) == []
+    assert [len(b) for b in join.buffers] == [5, 5]
+    out = join.fire(T0 + 10 * S)
+    assert sum(b.num_rows for b in out) == 25 and join.buffers == [[], []]
+
