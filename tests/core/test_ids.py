@@ -135,3 +135,16 @@ def test_rows_the_engine_reads_back_have_hidden_ids_only_in_logs():
         for read, names in ((dict(ids=True), ["__seq", "__id"]), (dict(seq=True), ["__seq"]), ({}, [])):
             assert {tuple(b.schema.names) for b in e.outputs["rows"].read(0, 0, 2, **read)} == \
                 {("k", "ts", "tag", *names)}
+
+
+def test_a_window_rows_id_hashes_its_whole_key():
+    """Keys alike in their first 16 bytes and length differ past them, in the bin's arena: their window
+    rows' ids differ too."""
+    q = cep.Query("long")
+    s = q.stream("ev", {"k": "string", "ts": "timestamp", "v": "int64"})
+    q.output("out", s.aggregate(cep.TimeWindow("10s"), by="k", n=cep.count()))
+    keys = [f"sixteen bytes ab{i}" for i in range(4)] + ["short"]
+    with cep.Engine.local() as e:
+        rows = id_rows(e, q, [("ev", [{"k": k, "ts": T0, "v": 1} for k in keys])])["out"]
+    assert sorted(r[2] for r in rows) == sorted(keys)
+    assert len({r[-1] for r in rows}) == len(keys)
