@@ -618,10 +618,10 @@ class WindowAggregate:
             if len(b):
                 yield from self._emit(b, rows, koff, kdata, None)
 
-    def open_after_fire(self, ts: int, watermark: int) -> bool:
-        """Whether every window of a row at event time ``ts`` or later stays open after ``fire(watermark)``."""
+    def open_after_fire(self, ts: np.ndarray, watermark: int) -> np.ndarray:
+        """For each event time of ``ts``: whether every window holding it stays open after ``fire(watermark)``."""
         if self.tuple_window:
-            return False
+            return np.zeros(len(ts), np.bool_)
         w = self.window
         earliest = ((ts - w.size_us) // w.advance_us + 1) * w.advance_us  # start of the first window holding ts
         return earliest > watermark - w.lateness_us - w.size_us  # fire() takes those starting at or before this

@@ -171,7 +171,7 @@ class StatefulOp(PhysicalOperator, ABC):
     def advance(self, frontier, watermark):
         """Yields what consuming the input up to ``frontier`` and firing at ``watermark`` emits.
 
-        In any order, a batch no window firing now reads stays pending: :meth:`settle` consumes it once
+        In any order, the rows no window firing now reads stay pending: :meth:`settle` consumes them once
         the results are out, or the next advance does.
         """
         self.step = (frontier, self.step[1] + 1 if frontier == self.step[0] else 0)
@@ -180,10 +180,11 @@ class StatefulOp(PhysicalOperator, ABC):
             if batches and self.any_order:
                 ready, self.pending[port] = _split_ready(batches, frontier)
                 for batch in ready:
-                    if self.opens_only(batch, watermark):
-                        self.pending[port].append(batch)
-                    else:
-                        yield from self.consume(port, batch)
+                    now, later = self.split_open(batch, watermark)
+                    if later is not None:
+                        self.pending[port].append(later)
+                    if now is not None:
+                        yield from self.consume(port, now)
             elif batches:
                 ready, self.pending[port] = _take_ready(batches, frontier)
                 if ready is not None:
@@ -203,9 +204,10 @@ class StatefulOp(PhysicalOperator, ABC):
                 for batch in ready:
                     self.consume(port, batch)
 
-    def opens_only(self, batch: pa.RecordBatch, watermark: int | None) -> bool:
-        """Whether no window firing at ``watermark`` (None: the end) reads a row of ``batch``."""
-        return False
+    def split_open(self, batch: pa.RecordBatch, watermark: int | None):
+        """(the rows of ``batch`` a window firing at ``watermark`` (None: the end) may read, the rows
+        no such window reads); each None when it has no row."""
+        return batch, None
 
     @abstractmethod
     def consume(self, port: int, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
@@ -297,9 +299,11 @@ class AggregateOp(StatefulOp):
     def fire(self, watermark):
         return self.agg.fire(watermark)
 
-    def opens_only(self, batch, watermark):
-        return not self.running and watermark is not None and \
-            self.agg.open_after_fire(int(batch.column(columns.TS).to_numpy().min()), watermark)
+    def split_open(self, batch, watermark):
+        if self.running or watermark is None:
+            return batch, None
+        opens = self.agg.open_after_fire(batch.column(columns.TS).to_numpy(), watermark)
+        return _split_rows(batch, ~opens)
 
     def output_watermark(self, watermark):
         w = self.op.window
@@ -432,6 +436,17 @@ class CustomOp(StatefulOp):
 def _concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch | None:
     """The rows of ``batches`` as one batch (None: no batch)."""
     return None if not batches else batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+
+
+def _split_rows(batch: pa.RecordBatch, mask: np.ndarray):
+    """(the rows of ``batch`` where ``mask`` holds, the others), each None when empty; slices when the
+    rows where it holds come first (a batch in event-time order, split by a time)."""
+    k = int(np.count_nonzero(mask))
+    if k == 0 or k == len(mask):
+        return (batch, None) if k else (None, batch)
+    if mask[:k].all():
+        return batch.slice(0, k), batch.slice(k)
+    return batch.filter(pa.array(mask)), batch.filter(pa.array(~mask))
 
 
 def _split_ready(batches: list[pa.RecordBatch], frontier: int):

@@ -448,3 +448,18 @@ def _timed(fn) -> float:
     t = time.perf_counter()
     fn()
     return time.perf_counter() - t
+
+
+def test_an_advance_adds_the_rows_of_windows_still_open_once_the_results_are_out():
+    """A batch reaching past the window that fires is split: the rows of that window are added before
+    it fires, the others stay pending until :meth:`settle` (migration moves them as pending rows)."""
+    op, _ = operator("sliding, order-free")
+    inst = physical(op, BINS)
+    sends = [("ev", [{"k": "a", "ts": T0 + s * S, "v": 1, "s": "x"} for s in (0, 1, 2, 9, 10)])]
+    (_, batch), = stamp_batches(sends, {"ev": "ts"}, {"ev": EV})[0]
+    inst.process(0, batch)
+    out = pa.Table.from_batches(list(inst.advance(4, T0 + 8 * S)))  # fires the windows ending by 6 s
+    assert set(out.column("n").to_pylist()) == {1, 2, 3}
+    assert [int(t) for b in inst.pending[0] for t in b.column(columns.TS).to_numpy()] == [T0 + 9 * S, T0 + 10 * S]
+    inst.settle()
+    assert inst.pending == [[]]
