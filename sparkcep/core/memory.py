@@ -40,6 +40,13 @@ def store8(typingctx, data, i, word):
     return types.void(data, i, word), codegen
 
 
+def _prefetch(builder, pointer) -> None:
+    """Emit a prefetch of the cache line holding ``pointer`` (read, keep in every level, data)."""
+    fn = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ir.VoidType(), [_I8_PTR, _I32, _I32, _I32]), "llvm.prefetch.p0")
+    builder.call(fn, [builder.bitcast(pointer, _I8_PTR), _I32(0), _I32(3), _I32(1)])
+
+
 @intrinsic
 def prefetch(typingctx, rows, b, i):
     """Ask for the cache line of row ``rows[b, i]`` of a 3-d array, without waiting for it.
@@ -51,15 +58,21 @@ def prefetch(typingctx, rows, b, i):
     def codegen(context, builder, sig, args):
         aryty = sig.args[0]
         arr = context.make_array(aryty)(context, builder, args[0])
-        at = cgutils.get_item_pointer(context, builder, aryty, arr,
-                                      [context.cast(builder, args[1], sig.args[1], types.intp),
-                                       context.cast(builder, args[2], sig.args[2], types.intp),
-                                       context.get_constant(types.intp, 0)])
-        fn = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [_I8_PTR, _I32, _I32, _I32]), "llvm.prefetch.p0")
-        builder.call(fn, [builder.bitcast(at, _I8_PTR), _I32(0), _I32(3), _I32(1)])  # read, keep, data
+        _prefetch(builder, cgutils.get_item_pointer(context, builder, aryty, arr,
+                                                    [context.cast(builder, args[1], sig.args[1], types.intp),
+                                                     context.cast(builder, args[2], sig.args[2], types.intp),
+                                                     context.get_constant(types.intp, 0)]))
         return context.get_dummy_value()
     return types.void(rows, b, i), codegen
+
+
+@intrinsic
+def prefetch_item(typingctx, data, i):
+    """Ask for the cache line of ``data[i]`` (a 1-d array), without waiting for it."""
+    def codegen(context, builder, sig, args):
+        _prefetch(builder, _byte_pointer(context, builder, sig, args))
+        return context.get_dummy_value()
+    return types.void(data, i), codegen
 
 
 @intrinsic

@@ -19,10 +19,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from sparkcep.core.memory import load8, store8, trailing_zeros
+from sparkcep.core.memory import load8, prefetch_item, store8, trailing_zeros
 
 ONES = np.uint64(0x0101010101010101)
 HIGHS = ONES * np.uint64(0x80)
+AHEAD = 16  # rows between prefetching a string's first bytes and reading them
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -113,7 +114,10 @@ def first_field(offsets, data, sep):
     stored as two words whatever they hold, the delimiter's position in them
     chooses the length, and only a field longer than that goes through the
     loop (HiBench's IPs: 4.2 ns a row where :func:`split_part_kernel` took 13,
-    its branches on where the delimiter falls being mispredicted).
+    its branches on where the delimiter falls being mispredicted). The string
+    ``AHEAD`` rows on is prefetched: strings of varying length start where no
+    hardware prefetcher looks, and each row's first bytes were a miss from
+    memory (64K-row batches of HiBench records: 46 -> 23 ns a row).
     """
     n = len(offsets) - 1
     out_off = np.empty(n + 1, np.int64)
@@ -123,6 +127,8 @@ def first_field(offsets, data, sep):
     last = len(data) - 16  # two words may be loaded at or before this offset
     d = 0
     for i in range(n):
+        if i + AHEAD < n:
+            prefetch_item(data, offsets[i + AHEAD])
         s, e = np.int64(offsets[i]), np.int64(offsets[i + 1])
         if s <= last:
             w0, w1 = load8(data, s), load8(data, s + 8)

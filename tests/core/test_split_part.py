@@ -1,5 +1,6 @@
 """``split_part``: the kernel and the expression in map/filter, against Python's ``str.split``."""
 
+import numba
 import pyarrow as pa
 import pytest
 from hypothesis import given
@@ -8,7 +9,7 @@ from hypothesis import strategies as st
 import sparkcep as cep
 from harness import run
 from sparkcep.core import columns
-from sparkcep.core.split import split_part
+from sparkcep.core.split import first_field, split_part
 
 
 def reference(value, delimiter, part):
@@ -67,6 +68,14 @@ def test_first_field_of_every_length():
         got, arr = kernel(values, ",", 1, skip)
         assert got == [reference(v, ",", 1) for v in arr]
 
+
+def test_first_field_prefetches_the_strings_ahead():
+    """Each row's first bytes are asked for rows before they are read: without the prefetch, a
+    HiBench record's first field took twice as long from memory."""
+    off, data, _ = columns.strings(pa.array(["10.0.0.1,x"] * 40))
+    fresh = numba.njit(first_field.py_func)  # numba shows no machine code of a kernel loaded from its cache
+    assert fresh(off, data, data[8])[0][-1] == 40 * 8
+    assert any("prefetch" in asm for asm in fresh.inspect_asm().values())
 
 def test_in_map_and_filter_with_nulls_and_literals():
     rows = [{"v": v, "n": i} for i, v in enumerate(["1.2.3.4,a,b", None, "5.6.7.8", "", ",x", "9.9.9.9,c"])]
