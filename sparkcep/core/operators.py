@@ -85,7 +85,7 @@ class FilterOp(PhysicalOperator):
         keep = value & valid
         if keep.all():
             return [batch]
-        return [select(batch, np.flatnonzero(keep))] if keep.any() else []
+        return [select(batch, keep)] if keep.any() else []
 
 
 class UnionOp(PhysicalOperator):

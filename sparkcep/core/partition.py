@@ -133,13 +133,13 @@ def partition(batch: pa.RecordBatch, order: np.ndarray, starts: np.ndarray) -> l
     parts = len(starts) - 1
     sizes = [int(starts[p + 1] - starts[p]) for p in range(parts)]
     cols: list[list] = [[None] * batch.num_columns for _ in range(parts)]
-    fixed: dict[int, list[tuple[int, np.ndarray]]] = {}  # width -> (column, values)
+    fixed: dict[int, list[tuple[int, pa.DataType, np.ndarray]]] = {}  # width -> (column, type, values)
     for i, arr in enumerate(batch.columns):
         t = arr.type
         width = t.bit_width // 8 if pa.types.is_primitive(t) and not pa.types.is_boolean(t) else 0
         if arr.null_count == 0 and width in _FIXED:
             values = _read_only(np.frombuffer(arr.buffers()[1], _FIXED[width], len(arr), arr.offset * width))
-            fixed.setdefault(width, []).append((i, values))
+            fixed.setdefault(width, []).append((i, t, values))
         elif arr.null_count == 0 and (pa.types.is_string(t) or pa.types.is_binary(t)):
             _, off_buf, data_buf = arr.buffers()
             offsets = _read_only(np.frombuffer(off_buf, np.int32, len(arr) + 1, arr.offset * 4))
@@ -156,15 +156,27 @@ def partition(batch: pa.RecordBatch, order: np.ndarray, starts: np.ndarray) -> l
     for width, group in fixed.items():
         for k in range(0, len(group), GATHER):
             chunk = group[k:k + GATHER]
-            arrays = tuple(values for _, values in chunk) + (_NONE[width],) * (GATHER - len(chunk))
+            arrays = tuple(values for _, _, values in chunk) + (_NONE[width],) * (GATHER - len(chunk))
             out = gather(arrays, len(chunk), order)
-            for c, (i, _) in enumerate(chunk):
-                t = batch.column(i).type
+            for c, (i, t, _) in enumerate(chunk):
                 for p in range(parts):
                     cols[p][i] = pa.Array.from_buffers(t, sizes[p], [None, pa.py_buffer(out[c, starts[p]:starts[p + 1]])])
     return [pa.RecordBatch.from_arrays(cols[p], schema=batch.schema) if sizes[p] else None for p in range(parts)]
 
 
-def select(batch: pa.RecordBatch, rows: np.ndarray) -> pa.RecordBatch:
-    """Rows ``rows`` (int64, in bounds) of ``batch``, in buffers of their own."""
+@njit(nogil=True, cache=True)
+def kept_rows(keep):
+    """The positions where ``keep`` (bool) is true, in order. Branch-free: numpy's ``flatnonzero``
+    took 56-61 us on 64K rows where half or more are kept, this 30 whatever is kept."""
+    rows = np.empty(len(keep), np.int64)
+    n = 0
+    for i in range(len(keep)):
+        rows[n] = i
+        n += keep[i]
+    return rows[:n]
+
+
+def select(batch: pa.RecordBatch, keep: np.ndarray) -> pa.RecordBatch:
+    """The rows of ``batch`` where ``keep`` (bool, one per row) is true, in buffers of their own."""
+    rows = kept_rows(keep)
     return partition(batch, rows, np.array([0, len(rows)], np.int64))[0] or batch.slice(0, 0)
