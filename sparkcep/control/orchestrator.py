@@ -53,6 +53,7 @@ REFRESH_S = 2.0  # how often the leader records placements and figures, and coun
 ENGINE_HOSTS = 3  # a primary, its standby and a spare
 START_S = 30.0  # an engine host it started registers within this long, or it is started again
 DEATH_S = 3.0  # a member gone this long is reported dead
+LEAVE_S = 3.0  # a leaving orchestrator waits this long for the others to leave: past a session (2 s) of a dead one
 
 
 class Orchestrator:
@@ -67,6 +68,7 @@ class Orchestrator:
         self._hosted: dict[str, list[str]] = {}  # member -> instances it ran, as last seen
         self._members: set[str] = set()
         self._started: dict[str, tuple[float, object]] = {}  # engine hosts it started: name -> (when, process)
+        self._surplus_counts = 0  # counts in a row that found more than ENGINE_HOSTS registered
         self._alone, self._looked = False, 0.0  # whether it saw no other orchestrator, when it looked last
         self.metrics_address = None
         if metrics:
@@ -138,7 +140,13 @@ class Orchestrator:
 
     # --- the engine hosts --------------------------------------------------------------
     def _staff(self) -> None:
-        """Start engine hosts until :data:`ENGINE_HOSTS` are registered (counting those starting)."""
+        """Start engine hosts until :data:`ENGINE_HOSTS` are registered (counting those starting); stop the
+        spares beyond them that two counts in a row find.
+
+        A registry pause ends every session: the engine hosts register again
+        one by one, and one counted missing meanwhile is started anew. Without
+        the stop, each pause left one more idle spare running.
+        """
         registered = set(self.registry.children(tree.HOSTS))
         now = time.monotonic()
         starting = [n for n, (t, p) in self._started.items()
@@ -147,6 +155,25 @@ class Orchestrator:
             name = f"h-{uuid.uuid4().hex[:8]}"
             log.info("orchestrator %s: %d engine hosts registered: starting %s", self.name, len(registered), name)
             self._started[name] = (now, engine_host.spawn(self.zk, self.token_file, name))
+        surplus = len(registered) - ENGINE_HOSTS
+        self._surplus_counts = self._surplus_counts + 1 if surplus > 0 else 0
+        if self._surplus_counts >= 2:
+            self._stop_spares(registered, surplus)
+
+    def _stop_spares(self, registered: set[str], n: int) -> None:
+        """Stop ``n`` spare engine hosts of ``registered``: neither the primary nor the standby it syncs."""
+        primary, datapath = self.registry.get(tree.ENGINE) or {}, self.registry.get(tree.DATAPATH) or {}
+        busy = {primary.get("name"), datapath.get("standby")}
+        docs = [d for name in sorted(registered - busy) if (d := self.registry.get(tree.host(name)))]
+        for doc in [d for d in docs if d.get("role") == "spare"][:n]:
+            log.info("orchestrator %s: %d engine hosts registered: stopping spare %s", self.name, len(registered),
+                     doc["name"])
+            try:
+                with EngineClient(doc["address"], token=self.token, timeout=2) as c:
+                    c.shutdown()
+            except SparkcepError as e:
+                log.warning("orchestrator %s: spare engine host %s did not stop: %s", self.name, doc["name"], e)
+        self._surplus_counts = 0
 
     def _look_around(self) -> None:
         """Note whether other orchestrators run (every :data:`REFRESH_S`): with the registry unreachable at
@@ -157,6 +184,18 @@ class Orchestrator:
                 self._looked = time.monotonic()
             except RegistryError:
                 pass
+
+    def _others_staying(self) -> list[str]:
+        """The other orchestrators still registered once this one left, waiting up to :data:`LEAVE_S` for
+        them to go: those stopped at the same time leave, and one that died lately goes with its session;
+        each that stops then sees none and stops the engine hosts (a second stop is harmless). Looking
+        once, 0.3 s after leaving, two orchestrators stopped 1.5 s after the leader was killed each saw
+        the dead one, and the engine hosts ran on for 60 s."""
+        deadline = time.monotonic() + LEAVE_S
+        while (others := [o for o in self.registry.children(tree.ORCHESTRATORS) if o != self.name]) and \
+                time.monotonic() < deadline:
+            time.sleep(0.1)
+        return others
 
     def _reap(self) -> None:
         """Collect the exit of the engine hosts it started that ended (no zombie is left behind)."""
@@ -314,9 +353,7 @@ class Orchestrator:
             try:
                 self.lease.release()
                 self.presence.cancel()
-                time.sleep(0.3)  # orchestrators stopped together each see the others gone
-                others = [o for o in self.registry.children(tree.ORCHESTRATORS) if o != self.name]
-                if not others:
+                if not self._others_staying():
                     hosts = [d for n in self.registry.children(tree.HOSTS) if (d := self.registry.get(tree.host(n)))]
             except RegistryError as e:
                 log.warning("orchestrator %s: leaving: %s", self.name, e)

@@ -169,6 +169,6 @@ class Cluster:
         return [line for line in self._ps()]
 
     def _ps(self) -> list[str]:
-        out = subprocess.run(["ps", "-eo", "pid,stat,args"], capture_output=True, text=True).stdout.splitlines()
+        out = subprocess.run(["ps", "-ww", "-eo", "pid,stat,args"], capture_output=True, text=True).stdout.splitlines()
         return [line.strip() for line in out if self.zk in line and " Z" not in line.split(None, 2)[1:2][0:1]]
 

@@ -1,0 +1,84 @@
+"""The orchestrators keep three engine hosts (a primary, its standby and a spare), no more for long, and
+the last one to leave stops them.
+
+A ZooKeeper pause ends every session; the engine hosts register again one
+by one once it answers, and the leading orchestrator, counting them
+meanwhile, may find one missing and start another (one run in two here).
+Each pause then left one more idle spare running. The first test makes that
+surplus without the race: a fourth engine host started beside the three,
+as an orchestrator does in it. Asserted: one spare stops (neither the
+primary nor its standby), three stay, as processes and in the registry.
+
+The second stops the last orchestrator right after the other one was
+killed, as the chaos test's last fault did: the dead one stays registered
+until its session ends (2 s), and the leaving one, looking once, saw it and
+left the engine hosts running (they stop by themselves 60 s later).
+Asserted: they stop within seconds.
+"""
+
+from __future__ import annotations
+
+import time
+
+from chaos_harness import Cluster
+
+from harness import wait
+from sparkcep.control import host as engine_host
+from sparkcep.control import tree
+
+SETTLE_S = 60.0  # for the cluster to start, and to be back to three engine hosts
+STOPS_S = 10.0  # the engine hosts stop within this long of the last orchestrator's SIGTERM
+STAYS_S = 6.0  # three of the orchestrator's counts: no engine host is started or stopped meanwhile
+
+
+def whole(cluster: Cluster) -> bool:
+    """A primary with a standby of its era, and three engine hosts, registered and running."""
+    engine, standby = cluster.primary(), cluster.standby()
+    return bool(engine and standby and standby.get("role") == "standby" and standby.get("era") == engine.get("era")
+                and len(cluster.registry.children(tree.HOSTS)) == 3 and len(cluster._engine_host_pids()) == 3)
+
+
+def test_an_engine_host_beyond_three_is_a_spare_that_stops(tmp_path):
+    cluster = Cluster(tmp_path, workers=0)
+    extra = None
+    try:
+        wait(lambda: whole(cluster), "three engine hosts", timeout=SETTLE_S, every=0.2)
+        primary, standby = cluster.primary()["pid"], cluster.standby()["pid"]
+        extra = engine_host.spawn(cluster.zk, str(cluster.token_file), "h-extra")
+        wait(lambda: len(cluster.registry.children(tree.HOSTS)) == 4, "a fourth engine host", timeout=SETTLE_S)
+        try:
+            wait(lambda: whole(cluster), "three engine hosts again", timeout=SETTLE_S, every=0.2)
+        except AssertionError as e:
+            raise AssertionError(f"{e}: registered {cluster.registry.children(tree.HOSTS)}\n{cluster.story(40)}") from None
+        hosts = cluster._engine_host_pids()
+        assert {primary, standby} <= hosts
+        deadline = time.monotonic() + STAYS_S
+        while time.monotonic() < deadline:
+            assert whole(cluster) and cluster._engine_host_pids() == hosts, cluster.story(40)
+            time.sleep(0.2)
+    finally:
+        left = cluster.stop()
+        if extra is not None:
+            extra.kill()
+            extra.wait(10)
+    assert not left["processes"] and not left["shm"], left
+
+
+def test_the_last_orchestrator_stops_the_engine_hosts_right_after_the_leader_was_killed(tmp_path):
+    cluster = Cluster(tmp_path, workers=0)
+    try:
+        wait(lambda: whole(cluster), "three engine hosts", timeout=SETTLE_S, every=0.2)
+        hosts = cluster._engine_host_pids()
+        leader = cluster.leader()
+        cluster.procs[leader].kill()
+        cluster.procs[leader].wait(10)
+        last = next(name for name in cluster.procs if name.startswith("o") and name != leader)
+        cluster.procs[last].terminate()
+        assert cluster.procs[last].wait(STOPS_S) == 0
+        try:
+            wait(lambda: not cluster._engine_host_pids() & hosts, "the engine hosts to stop", timeout=STOPS_S)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{cluster.story(20)}") from None
+    finally:
+        left = cluster.stop()
+    assert not left["processes"] and not left["shm"], left
