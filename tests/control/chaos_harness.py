@@ -141,7 +141,7 @@ class Cluster:
     def stop(self, timeout: float = 30.0) -> dict:
         """SIGTERM every process (orchestrators first: the last one stops the engine hosts), wait; what is
         left: ``processes`` (command lines naming this cluster) and ``shm`` (entries of its processes)."""
-        pids = {p.pid for p in self.procs.values()} | self._engine_host_pids()
+        pids = {p.pid for p in self.procs.values()} | self.engine_host_pids()
         for name, p in sorted(self.procs.items(), key=lambda kv: not kv[0].startswith("o")):
             if p.poll() is None:
                 p.terminate()
@@ -162,7 +162,8 @@ class Cluster:
         self.zk_server.stop()
         return left
 
-    def _engine_host_pids(self) -> set[int]:
+    def engine_host_pids(self) -> set[int]:
+        """The pids of this cluster's engine-host processes running now."""
         return {int(line.split()[0]) for line in self._ps() if "engine-host" in line}
 
     def _left(self) -> list[str]:

@@ -35,7 +35,7 @@ def whole(cluster: Cluster) -> bool:
     """A primary with a standby of its era, and three engine hosts, registered and running."""
     engine, standby = cluster.primary(), cluster.standby()
     return bool(engine and standby and standby.get("role") == "standby" and standby.get("era") == engine.get("era")
-                and len(cluster.registry.children(tree.HOSTS)) == 3 and len(cluster._engine_host_pids()) == 3)
+                and len(cluster.registry.children(tree.HOSTS)) == 3 and len(cluster.engine_host_pids()) == 3)
 
 
 def test_an_engine_host_beyond_three_is_a_spare_that_stops(tmp_path):
@@ -50,11 +50,11 @@ def test_an_engine_host_beyond_three_is_a_spare_that_stops(tmp_path):
             wait(lambda: whole(cluster), "three engine hosts again", timeout=SETTLE_S, every=0.2)
         except AssertionError as e:
             raise AssertionError(f"{e}: registered {cluster.registry.children(tree.HOSTS)}\n{cluster.story(40)}") from None
-        hosts = cluster._engine_host_pids()
+        hosts = cluster.engine_host_pids()
         assert {primary, standby} <= hosts
         deadline = time.monotonic() + STAYS_S
         while time.monotonic() < deadline:
-            assert whole(cluster) and cluster._engine_host_pids() == hosts, cluster.story(40)
+            assert whole(cluster) and cluster.engine_host_pids() == hosts, cluster.story(40)
             time.sleep(0.2)
     finally:
         left = cluster.stop()
@@ -68,7 +68,7 @@ def test_the_last_orchestrator_stops_the_engine_hosts_right_after_the_leader_was
     cluster = Cluster(tmp_path, workers=0)
     try:
         wait(lambda: whole(cluster), "three engine hosts", timeout=SETTLE_S, every=0.2)
-        hosts = cluster._engine_host_pids()
+        hosts = cluster.engine_host_pids()
         leader = cluster.leader()
         cluster.procs[leader].kill()
         cluster.procs[leader].wait(10)
@@ -76,7 +76,7 @@ def test_the_last_orchestrator_stops_the_engine_hosts_right_after_the_leader_was
         cluster.procs[last].terminate()
         assert cluster.procs[last].wait(STOPS_S) == 0
         try:
-            wait(lambda: not cluster._engine_host_pids() & hosts, "the engine hosts to stop", timeout=STOPS_S)
+            wait(lambda: not cluster.engine_host_pids() & hosts, "the engine hosts to stop", timeout=STOPS_S)
         except AssertionError as e:
             raise AssertionError(f"{e}\n{cluster.story(20)}") from None
     finally:
