@@ -92,13 +92,24 @@ class Orchestrator:
             self._look_around()
             if not self.leading.wait(0.2):
                 if not self.lease.contending and self.registry.state is State.CONNECTED:
-                    self.lease.contend(on_gained=self.leading.set)
+                    self._contend()
                 continue
             try:
                 self._lead()
             except SparkcepError as e:
                 log.warning("orchestrator %s: %s [%s]; trying again", self.name, e, e.code)
                 self.stopped.wait(1.0)
+
+    def _contend(self) -> None:
+        """Contend for the lease again (a lost session ended the contention), unless stopping: :meth:`close`
+        releases the lease and the registry closes meanwhile (a contention begun then raised
+        RegistryError, session closed, with a traceback in a clean stop)."""
+        try:
+            if not self.stopped.is_set():
+                self.lease.contend(on_gained=self.leading.set)
+        except RegistryError:
+            if not self.stopped.is_set():
+                raise
 
     def _acting(self) -> bool:
         """Whether it may act now: leading, connected, not stopping (a suspended session acts on nothing)."""
