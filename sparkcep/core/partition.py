@@ -134,11 +134,19 @@ def partition(batch: pa.RecordBatch, order: np.ndarray, starts: np.ndarray) -> l
     sizes = [int(starts[p + 1] - starts[p]) for p in range(parts)]
     cols: list[list] = [[None] * batch.num_columns for _ in range(parts)]
     fixed: dict[int, list[tuple[int, pa.DataType, np.ndarray]]] = {}  # width -> (column, type, values)
+    first: dict[tuple[int, int], int] = {}  # (address, width) of a fixed-width column's values -> its column
+    same: list[tuple[int, pa.DataType, int]] = []  # (column, type, the column with the same values)
     for i, arr in enumerate(batch.columns):
         t = arr.type
         width = t.bit_width // 8 if pa.types.is_primitive(t) and not pa.types.is_boolean(t) else 0
         if arr.null_count == 0 and width in _FIXED:
-            values = _read_only(np.frombuffer(arr.buffers()[1], _FIXED[width], len(arr), arr.offset * width))
+            data = arr.buffers()[1]
+            where = (data.address + arr.offset * width, width)
+            if where in first:  # a view of a column before it (the event time and __ts): gathered once
+                same.append((i, t, first[where]))
+                continue
+            first[where] = i
+            values = _read_only(np.frombuffer(data, _FIXED[width], len(arr), arr.offset * width))
             fixed.setdefault(width, []).append((i, t, values))
         elif arr.null_count == 0 and (pa.types.is_string(t) or pa.types.is_binary(t)):
             _, off_buf, data_buf = arr.buffers()
@@ -161,6 +169,9 @@ def partition(batch: pa.RecordBatch, order: np.ndarray, starts: np.ndarray) -> l
             for c, (i, t, _) in enumerate(chunk):
                 for p in range(parts):
                     cols[p][i] = pa.Array.from_buffers(t, sizes[p], [None, pa.py_buffer(out[c, starts[p]:starts[p + 1]])])
+    for i, t, j in same:
+        for p in range(parts):
+            cols[p][i] = cols[p][j].view(t)
     return [pa.RecordBatch.from_arrays(cols[p], schema=batch.schema) if sizes[p] else None for p in range(parts)]
 
 

@@ -74,3 +74,19 @@ def test_columns_of_read_only_and_writable_buffers_go_together():
                                        schema=batch.schema)
     split = RouteKey(["k"], BinTable("agg", BINS, 2)).split(mixed)
     assert sorted(v for _, part in split for v in part.column("v").to_pylist()) == list(range(100))
+
+
+def test_columns_over_one_buffer_are_gathered_once():
+    """A stamped batch's event time and __ts view one buffer: each part's two columns share one
+    gathered buffer too, and a column over that buffer from another row on is gathered on its own."""
+    batch = mixed_batch(500, skip=3)
+    ts = batch.column("ts")
+    earlier = pa.Array.from_buffers(pa.int64(), len(ts), [None, ts.buffers()[1]], offset=ts.offset - 1)
+    stamped = columns.stamp(batch.append_column("earlier", earlier), 0, columns.as_int64(ts), 7)
+    split = RouteKey(["k"], BinTable("agg", BINS, 2)).split(stamped)
+    assert sum(part.num_rows for _, part in split) == 500
+    for _, part in split:
+        rows = pc.index_in(part.column(columns.SEQ), stamped.column(columns.SEQ))
+        assert part.to_pylist() == pc.take(stamped, rows).to_pylist()
+        same = part.column("ts").buffers()[1].address == part.column(columns.TS).buffers()[1].address
+        assert same and part.column("earlier").buffers()[1].address != part.column("ts").buffers()[1].address
