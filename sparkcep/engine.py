@@ -374,18 +374,21 @@ class Engine:
         batches = [b for b in to_batches(stream, src.schema, data, src.time_field) if b.num_rows]
         if not batches:
             return 0
+        times = columns.event_times(batches, src.time_field)
         with self._lock:
-            if src.time_field is not None:
+            if times is not None:
                 seen = max(dep.sources[stream].max_ts for dep in deps)
-                times = [columns.as_int64(b.column(src.time_field)).to_numpy() for b in batches]
-                ts = times[0] if len(times) == 1 else np.concatenate(times)
-                check_event_times(stream, src.time_field, ts, None if seen == WM_NONE else seen, src.max_ahead_us)
-            return self._send(stream, deps, batches, src.time_field, key)
+                ts = [t.to_numpy() for t in times]
+                check_event_times(stream, src.time_field, ts[0] if len(ts) == 1 else np.concatenate(ts),
+                                  None if seen == WM_NONE else seen, src.max_ahead_us)
+            return self._send(stream, deps, batches, src.time_field, key, times)
 
     def _send(self, stream: str, deps: list[Deployment], batches: list[pa.RecordBatch], time_field: str | None,
-              key=None) -> int:
+              key=None, times: list[pa.Array] | None = None) -> int:
         """Stamp ``batches`` (sequence numbers, event time, the watermark from before them) and hand them
-        to ``deps`` as one epoch, all or nothing.
+        to ``deps`` as one epoch, all or nothing. ``times``: their event times
+        (:func:`~sparkcep.core.columns.event_times`),
+        when the caller has them.
 
         Until every deployment's channels hold every batch, any failure
         (a full ring that does not drain, a dead worker, an interrupt) aborts
@@ -394,6 +397,9 @@ class Engine:
         its deployment, whose outputs never show the epoch.
         """
         n = sum(b.num_rows for b in batches)
+        if times is None:
+            times = columns.event_times(batches, time_field)
+        peaks = [0] * len(batches) if times is None else [int(t.to_numpy().max()) for t in times]
         for dep in deps:
             dep.check()
         if self.journal is not None:
@@ -403,8 +409,9 @@ class Engine:
             for dep in deps:
                 seq, watermark = self._seq, dep.sources[stream].max_ts
                 pushed.append(dep)
-                for batch in batches:
-                    dep.push(stream, columns.stamp(batch, seq, time_field, watermark))
+                for i, batch in enumerate(batches):
+                    t = None if times is None else times[i]
+                    dep.push(stream, columns.stamp(batch, seq, t, watermark), peaks[i], seq + batch.num_rows - 1)
                     seq += batch.num_rows
             for dep in deps:
                 dep.flush()

@@ -77,7 +77,11 @@ class Schema:
         return self.fields[name]
 
     def to_arrow(self) -> pa.Schema:
-        return pa.schema([(n, TYPES[t]) for n, t in self.fields.items()])
+        """The Arrow schema, made once (every send checks its batch against it)."""
+        arrow = self.__dict__.get("_arrow")
+        if arrow is None:
+            arrow = self._arrow = pa.schema([(n, TYPES[t]) for n, t in self.fields.items()])
+        return arrow
 
     def time_field(self) -> str | None:
         """The event-time field: the first timestamp field, if any."""

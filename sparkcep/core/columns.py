@@ -19,10 +19,10 @@ HIDDEN = (SEQ, ID, TS, WM)
 KIND_FIXED, KIND_STRING = 0, 1
 
 
-def stamp(batch: pa.RecordBatch, first_seq: int, time_field: str | None, watermark: int) -> pa.RecordBatch:
+def stamp(batch: pa.RecordBatch, first_seq: int, times: pa.Array | None, watermark: int) -> pa.RecordBatch:
     """``batch`` as the engine sends it in: the hidden columns appended — sequence numbers from
-    ``first_seq`` on, output ids (seq, 0), event times from ``time_field`` (0 without one), and
-    the source's ``watermark`` from before the batch on every row.
+    ``first_seq`` on, output ids (seq, 0), event times ``times`` (its time field :func:`as_int64`;
+    None without one: zeros), and the source's ``watermark`` from before the batch on every row.
 
     One ``from_arrays`` with a schema made once per input schema, the event times a view of the
     time field's buffer, the ids a slice of one array of zeros (four ``append_column`` calls and a
@@ -30,9 +30,9 @@ def stamp(batch: pa.RecordBatch, first_seq: int, time_field: str | None, waterma
     """
     n = batch.num_rows
     seq = pa.array(np.arange(first_seq, first_seq + n, dtype=np.int64))
-    ts = _zeros(n) if time_field is None else as_int64(batch.column(time_field))
     wm = pa.array(np.full(n, watermark, np.int64))
-    return pa.RecordBatch.from_arrays([*batch.columns, seq, _zeros(n), ts, wm], schema=_stamped(batch.schema))
+    return pa.RecordBatch.from_arrays([*batch.columns, seq, _zeros(n), _zeros(n) if times is None else times, wm],
+                                      schema=_stamped(batch.schema))
 
 
 def as_int64(times: pa.Array) -> pa.Array:
@@ -41,6 +41,11 @@ def as_int64(times: pa.Array) -> pa.Array:
     if pa.types.is_timestamp(times.type) or times.type == pa.int64():
         return times.view(pa.int64())
     return times.cast(pa.int64())
+
+
+def event_times(batches: list[pa.RecordBatch], time_field: str | None) -> list[pa.Array] | None:
+    """Each batch's event times as int64 (:func:`as_int64`), or None for a stream without a time field."""
+    return None if time_field is None else [as_int64(b.column(time_field)) for b in batches]
 
 
 @functools.lru_cache(maxsize=64)

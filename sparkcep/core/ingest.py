@@ -167,9 +167,8 @@ def check_event_times(stream: str, time_field: str, ts: np.ndarray, watermark: i
     if max_ahead_us is None or ts.size == 0:
         return
     ref = int(ts.min()) if watermark is None else watermark
-    ahead = np.flatnonzero(ts > ref + max_ahead_us)
-    if ahead.size:
-        row = int(ahead[0])
+    if ts.max() > ref + max_ahead_us:
+        row = int(np.argmax(ts > ref + max_ahead_us))
         at, base = _iso(int(ts[row])), _iso(ref)
         what = "the stream's watermark" if watermark is not None else "the batch's earliest event time"
         raise InputError(f"stream {stream!r}: event-time field {time_field!r} at row {row} is {at}, more than "

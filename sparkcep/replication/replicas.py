@@ -107,8 +107,8 @@ class ReplicaSet:
                 self.lost(r, e)
         self.check()
 
-    def push(self, stream, batch) -> None:
-        self._each(lambda d: d.push(stream, batch))
+    def push(self, stream, batch, max_ts, frontier) -> None:
+        self._each(lambda d: d.push(stream, batch, max_ts, frontier))
 
     def flush(self) -> None:
         self._each(lambda d: d.flush())

@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from sparkcep.arguments import closest, integer
-from sparkcep.core import columns
 from sparkcep.core.operators import WM_END, WM_NONE
 from sparkcep.errors import EngineError, OperatorError, QueryError
 from sparkcep.query.planner import Plan, plan
@@ -192,16 +191,16 @@ class Deployment:
                 for sq in self.plan.subqueries}
 
     # --- data ------------------------------------------------------------------
-    def push(self, stream: str, batch: pa.RecordBatch) -> None:
-        """Route a stamped source batch (:func:`~sparkcep.core.columns.stamp`) into the instances reading ``stream``."""
+    def push(self, stream: str, batch: pa.RecordBatch, max_ts: int, frontier: int) -> None:
+        """Route a stamped source batch (:func:`~sparkcep.core.columns.stamp`) into the instances reading
+        ``stream``: its largest event time is ``max_ts`` and its last sequence number ``frontier``."""
         self.check()
         src = self.sources[stream]
         self._undo.setdefault(stream, (src.max_ts, src.rows))
-        src.max_ts = max(src.max_ts, int(batch.column(columns.TS).to_numpy().max()))
+        src.max_ts = max(src.max_ts, max_ts)
         src.rows += batch.num_rows
         if self._arrival is None:
             self._arrival = time.monotonic_ns()
-        frontier = int(batch.column(columns.SEQ).to_numpy()[-1])
         self.gen.source_router.send(stream, batch, (self.epoch, frontier, self._arrival))
 
     def flush(self) -> None:

@@ -87,7 +87,9 @@ class EpochClock:
 
     def arrival_of(self, epoch: int) -> int | None:
         """When ``epoch`` arrived at the engine (ns), if it is kept."""
-        i = int(np.searchsorted(self.epochs[:self.n], epoch))
+        i = self.n - 1 - (self.last - epoch)  # where it is when no epoch since was skipped (aborted)
+        if not 0 <= i < self.n or self.epochs[i] != epoch:
+            i = int(np.searchsorted(self.epochs[:self.n], epoch))
         return int(self.arrival[i]) if i < self.n and self.epochs[i] == epoch else None
 
 

@@ -35,7 +35,7 @@ def warm_up(progress=None) -> None:
     with _lock:
         if _done:
             return
-        from sparkcep.core.columns import stamp
+        from sparkcep.core.columns import as_int64, stamp
         from sparkcep.core.ingest import to_batch
         from sparkcep.query import aggregates as fn
         from sparkcep.query.expressions import col
@@ -82,7 +82,9 @@ def warm_up(progress=None) -> None:
                 if progress is not None:
                     progress(step, steps)
                 batch = to_batch(stream, src.schema, data, src.time_field)
-                dep.push(stream, stamp(batch, seq, src.time_field, dep.sources[stream].max_ts))
+                times = as_int64(batch.column(src.time_field))
+                dep.push(stream, stamp(batch, seq, times, dep.sources[stream].max_ts),
+                         int(times.to_numpy().max()), seq + batch.num_rows - 1)
                 seq += batch.num_rows
                 dep.progress(seq - 1)
             step += 1

@@ -340,10 +340,10 @@ def test_a_sliding_window_s_table_is_sized_by_its_entries_not_by_its_row_window_
 def stamped_batch(columns: dict, ts) -> pa.RecordBatch:
     """A source batch as the engine stamps it (sequence numbers, ids, event times, watermark 0)."""
     import numpy as np
-    from sparkcep.core.columns import stamp
+    from sparkcep.core.columns import as_int64, stamp
     batch = pa.RecordBatch.from_pydict(columns)
     assert (batch.column("ts").cast(pa.int64()).to_numpy() == ts).all()
-    return stamp(batch, 0, "ts", np.int64(0))
+    return stamp(batch, 0, as_int64(batch.column("ts")), np.int64(0))
 
 
 def test_string_values_updated_by_many_batches_stay_in_their_bins_arena():

@@ -164,7 +164,8 @@ def test_an_advance_that_closes_no_window_leaves_the_buffers_as_they_came():
     join = WindowJoin(l.join(r, cep.TimeWindow("10s"), on="k").op, 4)
     for i in range(5):
         for port, rows, schema in ((0, [lrow("x", i, a=i)], LEFT), (1, [rrow("x", i, b=i)], RIGHT)):
-            join.add(port, columns.stamp(table(rows, schema).to_batches()[0], 2 * i + port, "ts", T0 + i * S))
+            batch = table(rows, schema).to_batches()[0]
+            join.add(port, columns.stamp(batch, 2 * i + port, columns.as_int64(batch.column("ts")), T0 + i * S))
         assert join.fire(T0 + i * S) == []
     assert [len(b) for b in join.buffers] == [5, 5]
     out = join.fire(T0 + 10 * S)
