@@ -386,9 +386,8 @@ class Engine:
     def _send(self, stream: str, deps: list[Deployment], batches: list[pa.RecordBatch], time_field: str | None,
               key=None, times: list[pa.Array] | None = None) -> int:
         """Stamp ``batches`` (sequence numbers, event time, the watermark from before them) and hand them
-        to ``deps`` as one epoch, all or nothing. ``times``: their event times
-        (:func:`~sparkcep.core.columns.event_times`),
-        when the caller has them.
+        to ``deps`` as one epoch, all or nothing. ``times``: their event times, when the caller has them
+        (:func:`~sparkcep.core.columns.event_times`).
 
         Until every deployment's channels hold every batch, any failure
         (a full ring that does not drain, a dead worker, an interrupt) aborts
