@@ -90,11 +90,11 @@ def test_fixwindow_equals_sparkcep(spark, tmp_path, window_us):
 
 @pytest.mark.parametrize("name", nq.QUERIES)
 def test_nexmark_equals_sparkcep_and_the_reference(spark, tmp_path, name):
-    scale, rate, events = 10, 1000.0, 20_000
+    scale, rate, events, per_file = 10, 1000.0, 20_000, 4000  # five micro-batches a stream
     src = NexmarkSource(Nexmark(seed=3), nq.STREAMS[name], rate)
     size, advance = nq.windows_us(name, scale)
-    got, _ = spark_rows(spark, tmp_path, lambda s: nexmark_df(name, s, scale), src, events, rate, 2000, size)
-    ours = sparkcep_rows(nq.query(name, scale), src, events, rate, 2000, name)
+    got, _ = spark_rows(spark, tmp_path, lambda s: nexmark_df(name, s, scale), src, events, rate, per_file, size)
+    ours = sparkcep_rows(nq.query(name, scale), src, events, rate, per_file, name)
     cols = ref.tidy(ours).columns.tolist()
     assert len(ours) > 5
     assert ref.tidy(got[cols]).equals(ref.tidy(ours)), f"{name}:\n{ref.tidy(got[cols]).head()}\n{ref.tidy(ours).head()}"

@@ -51,9 +51,10 @@ def test_a_cluster_target_needs_the_token_file():
     assert target_of("127.0.0.1:7077", None) == Target("127.0.0.1:7077", None)
 
 
-def test_the_engine_host_is_looked_up_once_and_again_when_it_moves(cluster):
+def test_the_engine_host_is_looked_up_once_and_again_when_it_moves(cluster, monkeypatch):
     zk, registry, token_file = cluster
     t = target_of(zk, str(token_file))
+    monkeypatch.setattr(connection, "RETRY_S", 1.0)  # how long a call waits for an engine host to be named
     with pytest.raises(SparkSourceError, match=r"^\[UPMCEP_ENGINE_NOT_FOUND\] the cluster at zk://.* has no data "
                                                r"path: the registry names no engine host"):
         call(t, lambda c: c.hello())
