@@ -116,7 +116,7 @@ def _convert(stream: str, field: str, want: str, values) -> pa.Array:
         arr = arr.dictionary_decode()
     if arr.type == target:
         return arr
-    if pa.types.is_null(arr.type):
+    if pa.types.is_null(arr.type) or len(arr) == 0:  # no value to convert (pandas makes empty columns float64)
         return pa.nulls(len(arr), target)
     try:
         got = type_name(arr.type)

@@ -62,6 +62,20 @@ def test_bad_batches_are_rejected_with_a_code(data, code, words):
         assert e.metrics()["sequence"] == 0
 
 
+def test_an_empty_frame_is_taken_whatever_its_columns_dtypes():
+    """pandas gives the columns of ``DataFrame({"k": []})`` float64: with no row, no value is of a wrong
+    type, so an empty send is 0 rows taken (as an empty dict of lists is), not a TYPE error."""
+    with cep.Engine.local() as e:
+        e.deploy(query())
+        assert e.send("ev", pd.DataFrame({f: [] for f in EV})) == 0
+        assert e.send("ev", pd.DataFrame({f: [] for f in EV}).astype({"k": object, "v": "int8"})) == 0
+        assert e.send("ev", {f: [] for f in EV}) == 0
+        assert e.metrics()["sequence"] == 0
+        with pytest.raises(cep.InputError) as err:
+            e.send("ev", pd.DataFrame({**good_columns(1), "k": [1.5]}))
+        assert err.value.code == "TYPE" and "'k'" in str(err.value)
+
+
 def test_int64_overflowing_an_int32_field_is_a_type_error():
     q = cep.Query("q32")
     q.output("o", q.stream("s", "k string, n int32"))
