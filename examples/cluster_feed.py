@@ -80,4 +80,7 @@ def _rows(table: pa.Table) -> list[dict]:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except cep.SparkcepError as e:  # the engine's own message says what failed (a worker's death, say)
+        raise SystemExit(f"cluster_feed: {e} [{e.code}]") from None

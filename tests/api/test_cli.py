@@ -92,3 +92,14 @@ def test_refusals_print_the_code_and_change_nothing(cluster):
         assert dep.bin_owners("per_ip") == owners and dep.migrations()["finished"] == []
     finally:
         cluster.engine.undeploy("clicks")
+
+
+def test_the_feed_ends_with_the_engine_s_message_not_a_traceback(cluster):
+    """The walkthrough's feed, when the engine refuses a send (here: no query reads its stream; in the
+    walkthrough, a worker died under a one-replica query), prints the engine's message and code, exit 1."""
+    run = subprocess.run([sys.executable, str(ROOT / "examples" / "cluster_feed.py"), "--zk", f"zk://{cluster.zk}",
+                          "--token-file", cluster.token_file, "--sends", "2"], env=ENV, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+    line, = run.stderr.strip().splitlines()
+    assert line.startswith("cluster_feed: ") and "'clicks'" in line and line.endswith("[UNKNOWN_STREAM]"), line
