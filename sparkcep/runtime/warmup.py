@@ -15,21 +15,55 @@ compiling and still name one that is stuck or dead within seconds.
 from __future__ import annotations
 
 import datetime as dt
+import multiprocessing
 import sys
 import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 
 _done = False
 _lock = threading.Lock()
 HEARTBEAT_S = 1.0  # a starting worker says it is alive this often
 PHASE = "warming up kernels"  # what a starting worker says it does meanwhile
+PARTS = dict(__warm_a=0, __warm_b=0, __warm_c=0, __warm_i=0, __warm_d=0, __warm_e=0, __warm_h=0,
+             __warm_f=1, __warm_g=1, __warm_j=1, __warm_k=1)  # two halves of about equal compile time
 
 
-def warm_up(progress=None) -> None:
+def _outputs(s, r):
+    """The warm-up query's outputs, one a kernel family: ``(name, stream)`` pairs to pick from."""
+    from sparkcep.query import aggregates as fn
+    from sparkcep.query.expressions import col
+    from sparkcep.query.running import Running
+    from sparkcep.query.windows import TimeWindow, TupleWindow
+
+    funcs = dict(n=fn.count(), c=fn.count("v"), sv=fn.sum("v"), sx=fn.sum("x"), a=fn.avg("x"),
+                 mi=fn.min("v"), mx=fn.max("x"), ms=fn.min("k"), Ms=fn.max("k"), f=fn.first("v"),
+                 lx=fn.last("x"), fs=fn.first("k"), ls=fn.last("k"))
+    f = s.filter((col("v") > 0) | col("k").is_null())
+    return [
+        ("__warm_a", f.aggregate(TimeWindow("10s", advance="5s"), by=["k"], **funcs)),
+        ("__warm_b", s.aggregate(TupleWindow(2), by=["g", "k"], **funcs)),
+        ("__warm_c", s.aggregate(TupleWindow(2), n=fn.count())),
+        ("__warm_d", s.map(k="k", ts="ts", w=col("v") * 2).join(r, TimeWindow("10s"), on="k")),
+        ("__warm_e", s.join(r, TimeWindow("10s"), where=col("v_left") < col("v_right"))),
+        # a key of one string field is hashed as it is, any other is encoded first: each kind of key
+        # compiles its own kernels, so each keyed operator runs with both
+        ("__warm_h", s.join(r, TimeWindow("10s"), on="g")),
+        ("__warm_i", s.aggregate(TupleWindow(2), by="k", n=fn.count())),
+        ("__warm_j", s.aggregate(Running(), by="g", n=fn.count())),
+        ("__warm_k", s.filter(col("k").startswith("a") | (col("k") == "b") | (col("k") < col("k")))
+         .map(k=col("k").split_part(",", 2), ts="ts")),
+        ("__warm_f", f.union(s.filter(col("v") < 2)).aggregate(Running(), by=["k"], **funcs)),
+        ("__warm_g", s.map(k=col("k").split_part(",", 1), ts="ts").aggregate(Running(), by="k", n=fn.count())),
+    ]
+
+
+def warm_up(progress=None, part=None) -> None:
     """Run a tiny query over every kernel family once in this process (idempotent).
 
-    ``progress(step, steps)`` is called before each of its steps.
+    ``progress(step, steps)`` is called before each of its steps. ``part`` (0 or 1) runs only half
+    of the families, for two processes to fill the cache side by side.
     """
     global _done
     with _lock:
@@ -37,35 +71,15 @@ def warm_up(progress=None) -> None:
             return
         from sparkcep.core.columns import as_int64, stamp
         from sparkcep.core.ingest import to_batch
-        from sparkcep.query import aggregates as fn
-        from sparkcep.query.expressions import col
         from sparkcep.query.query import Query
-        from sparkcep.query.running import Running
-        from sparkcep.query.windows import TimeWindow, TupleWindow
         from sparkcep.runtime.deployment import Deployment
 
         schema = "k string, g int64, ts timestamp, v int64, x float64, i int32"
         q = Query("__sparkcep_warm_up__")
         s, r = q.stream("__warm_l", schema), q.stream("__warm_r", schema)
-        funcs = dict(n=fn.count(), c=fn.count("v"), sv=fn.sum("v"), sx=fn.sum("x"), a=fn.avg("x"),
-                     mi=fn.min("v"), mx=fn.max("x"), ms=fn.min("k"), Ms=fn.max("k"), f=fn.first("v"),
-                     lx=fn.last("x"), fs=fn.first("k"), ls=fn.last("k"))
-        f = s.filter((col("v") > 0) | col("k").is_null())
-        q.output("__warm_a", f.aggregate(TimeWindow("10s", advance="5s"), by=["k"], **funcs))
-        q.output("__warm_b", s.aggregate(TupleWindow(2), by=["g", "k"], **funcs))
-        q.output("__warm_c", s.aggregate(TupleWindow(2), n=fn.count()))
-        q.output("__warm_d", s.map(k="k", ts="ts", w=col("v") * 2).join(r, TimeWindow("10s"), on="k"))
-        q.output("__warm_e", s.join(r, TimeWindow("10s"), where=col("v_left") < col("v_right")))
-        # a key of one string field is hashed as it is, any other is encoded first: each kind of key
-        # compiles its own kernels, so each keyed operator runs with both
-        q.output("__warm_h", s.join(r, TimeWindow("10s"), on="g"))
-        q.output("__warm_i", s.aggregate(TupleWindow(2), by="k", n=fn.count()))
-        q.output("__warm_j", s.aggregate(Running(), by="g", n=fn.count()))
-        q.output("__warm_k", s.filter(col("k").startswith("a") | (col("k") == "b") | (col("k") < col("k")))
-                 .map(k=col("k").split_part(",", 2), ts="ts"))
-        q.output("__warm_f", f.union(s.filter(col("v") < 2)).aggregate(Running(), by=["k"], **funcs))
-        q.output("__warm_g", s.map(k=col("k").split_part(",", 1), ts="ts").aggregate(Running(), by="k",
-                                                                                     n=fn.count()))
+        for name, out in _outputs(s, r):
+            if part is None or PARTS[name] == part:
+                q.output(name, out)
         t0 = dt.datetime(2024, 1, 1)
         rows = {"k": ["a", None, "b", "a"], "g": [1, 2, None, 1], "v": [1, None, 3, 4], "x": [0.5, 1.0, None, 2.0],
                 "i": [1, 2, 3, 4], "ts": [t0 + dt.timedelta(seconds=i) for i in range(4)]}
@@ -91,7 +105,7 @@ def warm_up(progress=None) -> None:
             if progress is not None:
                 progress(step, steps)
             dep.end(stream, seq - 1)
-        _done = True
+        _done = part is None
 
 
 @contextmanager
@@ -130,9 +144,20 @@ def add_arguments(parser) -> None:
     """``sparkcep warm-up`` takes no arguments."""
 
 
+def _warm_part(part: int) -> None:
+    warm_up(lambda step, steps: print(f"sparkcep warm-up: part {part + 1}/2 step {step}/{steps}",
+                                      file=sys.stderr, flush=True), part=part)
+
+
 def run(args) -> int:
-    """Body of ``sparkcep warm-up``: fill numba's cache with every kernel the engine uses."""
+    """Body of ``sparkcep warm-up``: fill numba's cache with every kernel the engine uses.
+
+    Two processes compile half of the kernel families each (compiling is single-threaded), then
+    this one runs them all: it loads them from the cache and compiles any a concurrent cache write lost.
+    """
     t0 = time.monotonic()
-    warm_up(lambda step, steps: print(f"sparkcep warm-up: step {step}/{steps}", file=sys.stderr, flush=True))
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        list(pool.map(_warm_part, (0, 1)))
+    warm_up()
     print(f"sparkcep warm-up: the engine's kernels are in numba's cache ({time.monotonic() - t0:.1f} s)", flush=True)
     return 0
