@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 
 COMMANDS = {
@@ -17,6 +18,7 @@ COMMANDS = {
     "zookeeper": ("sparkcep.control.zookeeper", "run a development ZooKeeper server on loopback for the registry"),
     "orchestrator": ("sparkcep.control.orchestrator", "run an orchestrator of a cluster (state in ZooKeeper)"),
     "deploy": ("sparkcep.control.deploy", "deploy a query (a Python file defining `query`) on a cluster"),
+    "undeploy": ("sparkcep.control.deploy", "stop a query deployed on a cluster and forget it"),
     "rescale": ("sparkcep.control.reconfigure", "run an operator of a query on a cluster on N instances, live"),
     "migrate": ("sparkcep.control.reconfigure", "move bins of an operator of a query deployed on a cluster, live"),
     "metrics": ("sparkcep.control.metrics_cli", "print a running engine's metrics in Prometheus text, or serve them"),
@@ -25,6 +27,9 @@ COMMANDS = {
     "warm-up": ("sparkcep.runtime.warmup", "compile the engine's kernels into numba's cache (the install does it)"),
     "bench": ("sparkcep.bench.cli", "run a HiBench or NEXMark workload, optionally beside Spark"),
 }
+# commands that do one thing and end: each says itself why it could not reach the registry, so the
+# ZooKeeper client's line a retry ("Connection dropped: ... Connection refused") is left unsaid
+ONE_SHOT = {"status", "deploy", "undeploy", "rescale", "migrate"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
         if name == chosen:
             importlib.import_module(module).add_arguments(p)
     args = parser.parse_args(argv)
+    if args.command in ONE_SHOT:
+        logging.getLogger("kazoo").setLevel(logging.CRITICAL)
     return int(importlib.import_module(COMMANDS[args.command][0]).run(args) or 0)
 
 

@@ -1,16 +1,21 @@
 """The command line on a cluster, as the README's walkthrough uses it: ``sparkcep deploy`` of
 ``examples/cluster_query.py``, ``examples/cluster_feed.py`` run twice (it never ends the stream, so it
 can run again; each run checks the windows that closed per IP), ``sparkcep rescale`` and ``sparkcep
-migrate`` between the runs (their reports printed, the bins where they were asked to be), and their
-refusals (``sparkcep <command>: message [CODE]``, exit 1, nothing changed)."""
+migrate`` between the runs (their reports printed, the bins where they were asked to be), ``sparkcep
+undeploy`` at the end, and their refusals (``sparkcep <command>: message [CODE]``, exit 1, nothing changed)."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import re
 import subprocess
 import sys
 
+import pytest
 from api_harness import ENV, ROOT
+
+import sparkcep as cep
 
 
 def feed(cluster) -> str:
@@ -60,8 +65,15 @@ def test_rescale_and_migrate_from_the_command_line_between_two_runs_of_the_feed(
         assert [owners[b] for b in (0, 1, 2, 3, 20)] == [0, 0, 0, 0, 1] and int(report(run.stdout)["bins"]) == 5
         feed(cluster)  # again: the stream never ended, the windows go on
         assert [r["kind"] for r in dep.migrations()["finished"]] == ["rescale", "migrate", "migrate"]
+
+        run = cluster.cli("undeploy", *zk, "clicks")
+        assert run.returncode == 0 and run.stdout == "undeployed clicks\n", run.stdout + run.stderr
+        with pytest.raises(cep.QueryError, match="no query named 'clicks'") as e:
+            cluster.engine.deployment("clicks")
+        assert e.value.code == "UNKNOWN_QUERY"
     finally:
-        cluster.engine.undeploy("clicks")
+        with contextlib.suppress(cep.QueryError):  # taken off by the command already when it got that far
+            cluster.engine.undeploy("clicks")
 
 
 def test_refusals_print_the_code_and_change_nothing(cluster):
@@ -83,6 +95,7 @@ def test_refusals_print_the_code_and_change_nothing(cluster):
             (["migrate", "clicks", "per_ip", "--bins", "x", "--to", "1"], "BAD_BIN", "a bin must be an integer"),
             (["migrate", "clicks", "per_ip"], "BAD_OPTION", "--bins ... --to ..."),
             (["migrate", "clicks", "per_ip", "--file", "/nonexistent"], "BAD_OPTION", "cannot read"),
+            (["undeploy", "clickz"], "UNKNOWN_QUERY", "did you mean 'clicks'"),
         ]:
             command, *rest = argv
             run = cluster.cli(command, *zk, *rest)
@@ -103,3 +116,25 @@ def test_the_feed_ends_with_the_engine_s_message_not_a_traceback(cluster):
     assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
     line, = run.stderr.strip().splitlines()
     assert line.startswith("cluster_feed: ") and "'clicks'" in line and line.endswith("[UNKNOWN_STREAM]"), line
+
+
+def test_a_command_that_cannot_reach_zookeeper_says_so_once(monkeypatch, capsys, caplog, tmp_path):
+    """One line naming the registry it could not reach: the ZooKeeper client's line a retry ("Connection
+    dropped ... refused", 15 of them in 10 s) is not logged by the one-shot commands."""
+    from sparkcep import auth, cli
+    from sparkcep.control import connect
+    from sparkcep.control.zookeeper import free_port
+
+    monkeypatch.setattr(connect, "REGISTRY_TIMEOUT_S", 2.0)
+    token = tmp_path / "token"
+    auth.write(token, auth.generate())
+    address, kazoo = f"127.0.0.1:{free_port()}", logging.getLogger("kazoo")
+    level = kazoo.level
+    try:
+        assert cli.main(["undeploy", "--zk", f"{address}/x", "--token-file", str(token), "clicks"]) == 1
+    finally:
+        kazoo.setLevel(level)  # as the other tests of this process expect it
+    err = capsys.readouterr().err.strip()
+    assert err == f"sparkcep undeploy: no ZooKeeper server answered at {address} within 2.0 s (a local one for " \
+                  "development: sparkcep zookeeper) [REGISTRY_UNREACHABLE]", err
+    assert not [r for r in caplog.records if r.name.startswith("kazoo")], caplog.records[:3]
