@@ -136,7 +136,7 @@ class Engine:
                 raise EngineError("Engine.connect needs the cluster's token (token=... or token_file=...)",
                                   "TOKEN_NOT_FOUND")
             token = auth.read(token_file)
-        return ConnectedEngine(address, token, timeout=retry_s, retry_s=retry_s)
+        return ConnectedEngine(address, token, retry_s=retry_s)
 
     def _cluster(self):
         """The instance managers (created on first use)."""

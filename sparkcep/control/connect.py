@@ -191,14 +191,16 @@ class ConnectedEngine:
     before it raises (see the module's docstring).
     """
 
-    def __init__(self, address: str, token: str, timeout: float = 30.0, retry_s: float = RETRY_S):
+    def __init__(self, address: str, token: str, retry_s: float = RETRY_S):
         self.address, self.token = address, token
         self.path = DataPath(address, token, retry_s)
         self.registry = self.path.registry
         self._lock = threading.Lock()  # one request at a time on the shared client
         try:
-            self.client = self.path.client(time.monotonic() + timeout)
-            self.client.hello()  # proves the token now, not at the first send
+            # ENGINE_NOT_FOUND if the registry names no data path within retry_s; one it names may have
+            # just died (a fail-over under way): the hello, which proves the token now, rides through it
+            self.client = self.path.client()
+            _, self.client = self.path.call("connect", lambda client: client.hello(), self.client)
         except BaseException:
             self.path.close()
             raise

@@ -14,6 +14,10 @@ killed, as the chaos test's last fault did: the dead one stays registered
 until its session ends (2 s), and the leaving one, looking once, saw it and
 left the engine hosts running (they stop by themselves 60 s later).
 Asserted: they stop within seconds.
+
+The third connects a client right after the primary was killed, while the
+registry still names it: ``Engine.connect`` (and every command built on it)
+said ENGINE_NOT_FOUND at once. Asserted: it connects to the new primary.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import time
 
 from chaos_harness import Cluster
 
+import sparkcep as cep
 from harness import wait
 from sparkcep.control import host as engine_host
 from sparkcep.control import tree
@@ -79,6 +84,21 @@ def test_the_last_orchestrator_stops_the_engine_hosts_right_after_the_leader_was
             wait(lambda: not cluster.engine_host_pids() & hosts, "the engine hosts to stop", timeout=STOPS_S)
         except AssertionError as e:
             raise AssertionError(f"{e}\n{cluster.story(20)}") from None
+    finally:
+        left = cluster.stop()
+    assert not left["processes"] and not left["shm"], left
+
+
+def test_a_client_connecting_during_a_fail_over_reaches_the_new_primary(tmp_path):
+    cluster = Cluster(tmp_path, workers=0)
+    try:
+        wait(lambda: whole(cluster), "three engine hosts", timeout=SETTLE_S, every=0.2)
+        killed = cluster.fault("primary")
+        assert cluster.primary()["name"] in killed  # still named: its registry session lasts 2 s more
+        with cep.Engine.connect(cluster.zk, token_file=str(cluster.token_file)) as engine:
+            assert engine.instance_managers() == []  # answered by the new primary
+        now = cluster.primary()
+        assert now["name"] not in killed and now["era"] == 2, (killed, now)
     finally:
         left = cluster.stop()
     assert not left["processes"] and not left["shm"], left
