@@ -102,6 +102,7 @@ class EngineClient:
         self.token = token
         self._token_file = token_file
         self._sock: socket.socket | None = None
+        self._opening: socket.socket | None = None  # a connection in its handshake, for abort()
         self._lock = threading.Lock()
         self._schemas: dict = {}  # input stream -> (its Schema, its time field), as the engine said
 
@@ -126,12 +127,12 @@ class EngineClient:
     def abort(self) -> None:
         """From another thread: end the request under way, which then raises ``EngineNotFoundError`` (its
         engine hangs, and another one serves)."""
-        sock = self._sock
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        for sock in (self._sock, self._opening):
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
 
     # --- operations ------------------------------------------------------------------
     def hello(self) -> dict:
@@ -322,6 +323,7 @@ class EngineClient:
             host, _, port = self.address.rpartition(":")
             sock = socket.create_connection((host, int(port)), timeout=self.timeout)  # unreachable: said first
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._opening = sock  # a hung engine accepts (its kernel does) and never answers the hello
             try:
                 self.token = self.token or find_token(self.address, self._token_file)
                 answer = hello.greet(sock, {"role": hello.CLIENT}, self.token, time.monotonic() + self.timeout,
@@ -329,6 +331,8 @@ class EngineClient:
             except (OSError, ValueError, errors.SparkcepError):
                 sock.close()
                 raise
+            finally:
+                self._opening = None
             if not answer.get("ok"):
                 sock.close()
                 raise auth.AuthError(f"the engine at {self.address} refused this client: {answer.get('error')} "

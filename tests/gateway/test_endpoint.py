@@ -227,3 +227,29 @@ def test_engine_option_forms(home):
         with pytest.raises(EngineError) as err:
             resolve(bad)
         assert err.value.code == code
+
+
+def test_abort_ends_a_handshake_a_hung_engine_never_answers():
+    """A stopped engine's kernel still accepts connections, and the hello then waits for an answer that never
+    comes: abort() (what a cluster client does when the registry names another data path) ends it at once."""
+    import socket
+    import threading
+    import time
+
+    with socket.create_server(("127.0.0.1", 0)) as hung:
+        client = EngineClient(f"127.0.0.1:{hung.getsockname()[1]}", timeout=30.0, token="t" * 64)
+        raised = []
+
+        def say_hello():
+            try:
+                client.hello()
+            except EngineNotFoundError as e:
+                raised.append((time.monotonic(), e))
+        thread = threading.Thread(target=say_hello)
+        thread.start()
+        time.sleep(0.5)  # connected, the hello sent, waiting for the answer
+        aborted = time.monotonic()
+        client.abort()
+        thread.join(10)
+        assert raised and raised[0][0] - aborted < 2.0, raised
+        assert "unreachable (hello)" in str(raised[0][1])
