@@ -30,8 +30,9 @@ def cluster(registry: Registry) -> dict:
     for q in registry.children(tree.DEPLOYMENTS):
         record = registry.get(f"{tree.DEPLOYMENTS}/{q}") or {}
         placement = registry.get(f"{tree.DEPLOYMENTS}/{q}/placement") or {}
-        for instance, im in placement.items():
-            hosted.setdefault(im, []).append(f"{q}.{instance}")
+        for instance, ims in placement.items():  # one instance manager a replica
+            for im in ims:
+                hosted.setdefault(im, []).append(f"{q}.{instance}")
         deployments.append({"query": q, "deployment": record.get("deployment"), "streams": record.get("streams", []),
                             "outputs": record.get("outputs", []), "options": record.get("options", {}),
                             "placement": placement,
@@ -89,8 +90,8 @@ def render(doc: dict) -> str:
             lines.append(head + f"; in {m.get('rows_in') or 0:,} ({m.get('input_rate') or 0:,.0f}/s), out "
                          f"{m.get('rows_out') or 0:,} ({m.get('throughput') or 0:,.0f}/s), latency p50 "
                          f"{lat.get('p50', '-')} p99 {lat.get('p99', '-')} ms ({d['figures_age_s']:.0f} s ago)")
-        for instance, im in sorted(d["placement"].items()):
-            lines.append(f"      {instance} on {im}")
+        for instance, ims in sorted(d["placement"].items()):
+            lines.append(f"      {instance} on {', '.join(ims)}")
     if doc["events"]:
         lines.append("events:")
         for e in doc["events"]:

@@ -315,11 +315,14 @@ class Orchestrator:
                 **{k: m.get(k) for k in ("rows_in", "rows_out", "input_rate", "throughput", "latency_ms")}})
         client.close()
         self._hosted = {im["name"]: im["instances"] for im in ims}  # a dead one's too: its death is reported
-        placement: dict[str, dict] = {}
+        placement: dict[str, dict[str, list[str]]] = {}  # query -> instance -> where each replica runs it
         for im in ims:
             for inst in im["instances"] if im.get("alive", True) else ():
                 q, _, where = inst.partition(".")
-                placement.setdefault(q, {})[where] = im["name"]
+                placement.setdefault(q, {}).setdefault(where, []).append(im["name"])
+        for instances in placement.values():
+            for hosts in instances.values():
+                hosts.sort()
         for q in queries:
             path = f"{tree.DEPLOYMENTS}/{q}/placement"
             if self.registry.get(path) != placement.get(q, {}):

@@ -5,12 +5,14 @@ session timed out, from the registry alone; every send is taken meanwhile, the q
 the reference, and the new leader works: a query whose deploy was asked while no orchestrator led is
 deployed by it, fed, collected (equal per key to the reference) and undeployed. A worker that joins is
 used by the next deployment; one that dies is reported with the instances it ran, in the leading
-orchestrator's log, in the registry's events and by ``sparkcep status --zk``. One cluster (three
+orchestrator's log, in the registry's events and by ``sparkcep status --zk``, which shows where each
+replica of a replicated query runs each instance. One cluster (three
 workers, two orchestrators, the engine hosts the leader starts) serves the module.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -198,3 +200,30 @@ def test_a_worker_that_joins_is_used_and_one_that_dies_is_reported(cluster):
     assert any("died" in line and "'w1'" in line and ran[0] in line for line in events.splitlines()), status.stdout
     engine.undeploy("wide")
     engine.close()
+
+
+def test_status_shows_where_each_replica_runs(cluster):
+    """Both replicas' instance managers, not the one listed last (the other replica's were shown idle)."""
+    c = cluster
+    engine = cep.Engine.connect(f"zk://{c.zk}", token_file=str(c.token_file))
+    try:
+        engine.deploy(query("pair"), replicas=2)
+        ran = sorted(im["name"] for im in engine.instance_managers() if "pair.SQ1[0]" in im["instances"])
+        assert len(ran) == 2, engine.instance_managers()
+
+        def recorded() -> dict | None:
+            """The status document once the leader recorded where pair runs."""
+            run = subprocess.run([sys.executable, "-m", "sparkcep", "status", "--zk", c.zk, "--json"], env=ENV,
+                                 text=True, capture_output=True, timeout=60)
+            assert run.returncode == 0, run.stderr
+            doc = json.loads(run.stdout)
+            return doc if any(d["query"] == "pair" and d["placement"] for d in doc["deployments"]) else None
+        doc = wait(recorded, "the leader to record pair's placement", 20)
+        assert next(d for d in doc["deployments"] if d["query"] == "pair")["placement"] == {"SQ1[0]": ran}, doc
+        assert sorted(m["name"] for m in doc["instance_managers"] if "pair.SQ1[0]" in m["instances"]) == ran, doc
+        text = subprocess.run([sys.executable, "-m", "sparkcep", "status", "--zk", c.zk], env=ENV, text=True,
+                              capture_output=True, timeout=60).stdout
+        assert f"SQ1[0] on {', '.join(ran)}" in text, text
+    finally:
+        engine.undeploy("pair")
+        engine.close()
