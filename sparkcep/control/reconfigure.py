@@ -102,7 +102,10 @@ def _assignment(args) -> dict[int, int]:
 
 
 def _bins(words: list[str]) -> list[int]:
-    """Bins from words of comma-separated bins and inclusive ranges: ``["0-3,8", "10"]`` -> 0..3, 8, 10."""
+    """Bins from words of comma-separated bins and inclusive ranges: ``["0-3,8", "10"]`` -> 0..3, 8, 10.
+
+    A bin past any operator's (``0-10000000000``, a slip) is refused before its range is listed."""
+    from sparkcep.runtime.deployment import MAX_BINS
     out = []
     for part in (p.strip() for word in words for p in word.split(",")):
         if not part:
@@ -112,6 +115,9 @@ def _bins(words: list[str]) -> list[int]:
         b = _number(last, "a bin", int, "BAD_BIN") if dash else a
         if b < a:
             raise QueryError(f"bin range {part!r} runs backwards", "BAD_BIN")
+        if b >= MAX_BINS:
+            raise QueryError(f"bin {b} of {part!r} is out of range: no operator has more than {MAX_BINS} bins "
+                             f"(0-{MAX_BINS - 1})", "BAD_BIN")
         out.extend(range(a, b + 1))
     return list(dict.fromkeys(out))
 

@@ -90,6 +90,7 @@ def test_refusals_print_the_code_and_change_nothing(cluster):
             (["rescale", "clicks", "per_ip", "100000"], "TOO_MANY_INSTANCES", "exceed its 128 bins"),
             (["rescale", "clicks", "per_ip", "3", "--strategy", "fluidd"], "BAD_STRATEGY", "fluid"),
             (["migrate", "clicks", "per_ip", "--bins", "0-200", "--to", "1"], "BAD_BIN", "out of range"),
+            (["migrate", "clicks", "per_ip", "--bins", "0-10000000000", "--to", "1"], "BAD_BIN", "more than 65536 bins"),
             (["migrate", "clicks", "per_ip", "--bins", "0", "--to", "5"], "BAD_INSTANCE", "does not exist"),
             (["migrate", "clicks", "per_ip", "--bins", "0-3", "--to", "1", "0"], "BAD_INSTANCE", "one per bin"),
             (["migrate", "clicks", "per_ip", "--bins", "x", "--to", "1"], "BAD_BIN", "a bin must be an integer"),
