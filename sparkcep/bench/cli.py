@@ -22,33 +22,54 @@ possible ``--repeat`` times (throughput: the median) and once at
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
+import math
 import sys
 import time
 from pathlib import Path
 
 from sparkcep.bench import suite
+from sparkcep.bench.generator import MAX_IPS
 
 GROUPS = {"all": suite.ALL, "hibench": suite.HIBENCH, "nexmark": suite.NEXMARK}
 
 
+def bounded(kind, minimum, maximum=None):
+    """An argparse type: the text as ``kind`` (int or float), from ``minimum`` up to ``maximum``."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, "
+                                             f"got {text!r}") from None
+        if not math.isfinite(value) or value < minimum or (maximum is not None and value > maximum):
+            span = f"from {minimum:,} to {maximum:,}" if maximum is not None else f"{minimum:,} or more"
+            raise argparse.ArgumentTypeError(f"must be {span}, got {text}")
+        return value
+    return parse
+
+
 def add_arguments(parser) -> None:
     parser.add_argument("workload", choices=list(suite.ALL) + list(GROUPS))
-    parser.add_argument("--rate", type=float, default=None, help="events/s, open loop (default: as fast as possible)")
-    parser.add_argument("--events", type=int, default=None,
+    parser.add_argument("--rate", type=bounded(float, 0), default=None,
+                        help="events/s, open loop (default, or 0: as fast as possible)")
+    parser.add_argument("--events", type=bounded(int, 1), default=None,
                         help=f"events to send (default {suite.DEFAULT_EVENTS:,}; "
                              f"with --rate, {suite.LATENCY_SECONDS} s worth)")
-    parser.add_argument("--workers", type=int, default=0, help="instance manager processes (0: in this process)")
-    parser.add_argument("--instances", type=int, default=2, help="instances of repartition's map (HiBench: cores)")
-    parser.add_argument("--ips", type=int, default=100_000, help="HiBench: distinct source IPs")
+    parser.add_argument("--workers", type=bounded(int, 0), default=0,
+                        help="instance manager processes (0: in this process)")
+    parser.add_argument("--instances", type=bounded(int, 1), default=2,
+                        help="instances of repartition's map (HiBench: cores)")
+    parser.add_argument("--ips", type=bounded(int, 1, MAX_IPS), default=100_000, help="HiBench: distinct source IPs")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--compare", choices=["spark"], default=None, help="also run Spark Structured Streaming")
     parser.add_argument("--out", type=Path, default=None, help="directory for results.csv/json and PNG plots")
     parser.add_argument("--report", type=Path, default=None, help="write the markdown benchmark report to this file")
-    parser.add_argument("--latency-rate", type=float, default=suite.LATENCY_RATE,
+    parser.add_argument("--latency-rate", type=bounded(float, 1), default=suite.LATENCY_RATE,
                         help=f"with --report: the offered rate of the latency runs (default {suite.LATENCY_RATE:,})")
-    parser.add_argument("--repeat", type=int, default=3,
+    parser.add_argument("--repeat", type=bounded(int, 1), default=3,
                         help="with --report: throughput runs per workload and engine (the median is reported)")
 
 
@@ -58,7 +79,7 @@ def plans(args) -> list[tuple[str, float | None, int, bool]]:
     out = []
     for w in names:
         if args.report is not None:
-            out += [(w, None, args.events or suite.DEFAULT_EVENTS, False)] * max(1, args.repeat)
+            out += [(w, None, args.events or suite.DEFAULT_EVENTS, False)] * args.repeat
             out.append((w, args.latency_rate, int(args.latency_rate * suite.LATENCY_SECONDS), True))
         else:
             events = args.events or (int(args.rate * suite.LATENCY_SECONDS) if args.rate else suite.DEFAULT_EVENTS)

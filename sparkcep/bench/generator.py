@@ -72,6 +72,9 @@ def _letters(rng: np.random.Generator, n: int, lo: int, hi: int) -> pa.Array:
     return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
+MAX_IPS = 1 << 22  # distinct source IPs a stream may cycle over: their pool is made up front (15 s at the most)
+
+
 def ip_pool(seed: int, n: int) -> pa.Array:
     """``n`` distinct dotted IPv4 addresses (deterministic in ``seed``)."""
     rng = np.random.default_rng([seed, 0x1B])
@@ -94,8 +97,8 @@ class UserVisits:
 
     def __init__(self, seed: int = 0, distinct_ips: int = 100_000, record_bytes: int = 200, pad: str = "\0",
                  cycle: int = 1 << 20):
-        if distinct_ips < 1:
-            raise ValueError(f"distinct_ips must be >= 1, got {distinct_ips}")
+        if not 1 <= distinct_ips <= MAX_IPS:
+            raise ValueError(f"distinct_ips must be from 1 to {MAX_IPS:,}, got {distinct_ips}")
         if record_bytes <= KEY_DIGITS:
             raise ValueError(f"record_bytes must exceed the {KEY_DIGITS}-byte key, got {record_bytes}")
         if cycle < 1 or cycle % CHUNK:

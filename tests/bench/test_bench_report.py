@@ -4,6 +4,7 @@ and the CLI's run of one workload end to end (driver, metrics) on a small input.
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
+import pytest
 from rich.console import Console
 
 from sparkcep.bench import cli, report, suite
@@ -87,3 +88,19 @@ def test_plans_of_a_report():
     got = cli.plans(args)
     assert [p for p in got if p[0] == "q5"] == [("q5", None, 2_000_000, False)] * 3 + [("q5", 50_000.0, 1_250_000, True)]
     assert {p[0] for p in got} == set(suite.NEXMARK)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--events", "0"], "argument --events: must be 1 or more, got 0"),  # ran the default 2,000,000
+    (["--events", "-5"], "argument --events: must be 1 or more, got -5"),  # ran nothing, printed nan
+    (["--ips", "0"], "argument --ips: must be from 1 to 4,194,304, got 0"),  # a traceback
+    (["--ips", "10000000000000"], "argument --ips: must be from 1 to 4,194,304"),  # tried to allocate 36 TiB
+    (["--rate", "nan"], "argument --rate: must be 0 or more, got nan"),
+    (["--repeat", "0"], "argument --repeat: must be 1 or more, got 0"),
+    (["--events", "1e3"], "argument --events: expected an integer, got '1e3'"),
+])
+def test_bench_refuses_counts_it_cannot_run_before_it_starts(argv, says, capsys):
+    from sparkcep import cli as sparkcep_cli
+    with pytest.raises(SystemExit) as done:
+        sparkcep_cli.main(["bench", "fixwindow", *argv])
+    assert done.value.code == 2 and says in capsys.readouterr().err
