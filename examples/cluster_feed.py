@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 import sparkcep as cep
+from sparkcep.arguments import bounded
 
 EVERY_S = 0.1  # a send carries the clicks of this long
 WINDOW_US = 1_000_000  # the query's windows (examples/cluster_query.py)
@@ -34,8 +35,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--zk", required=True, help="the cluster: zk://HOST:PORT/PATH")
     p.add_argument("--token-file", required=True)
-    p.add_argument("--sends", type=int, default=50)
-    p.add_argument("--rows", type=int, default=2_000)
+    p.add_argument("--sends", type=bounded(int, 1), default=50)
+    p.add_argument("--rows", type=bounded(int, 1, 1_000_000), default=2_000)
     a = p.parse_args()
     rng = np.random.default_rng()
     sent_clicks, sent_bytes = Counter(), Counter()  # (window start, ip) -> what this run sent

@@ -35,7 +35,8 @@ except ModuleNotFoundError:  # run from a source checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import sparkcep as cep
 
-from sparkcep.bench.generator import RECORD_DDL, UserVisits
+from sparkcep.arguments import bounded
+from sparkcep.bench.generator import MAX_IPS, RECORD_DDL, UserVisits
 
 
 def window_count(window: str) -> cep.Query:
@@ -96,11 +97,11 @@ def plot(epoch_log, t0: int, rescale: tuple[int, int], path: str) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rate", type=float, default=50_000, help="records per second")
-    p.add_argument("--sends", type=float, default=100, help="sends per second")
-    p.add_argument("--seconds", type=float, default=12, help="how long the input runs")
-    p.add_argument("--rescale-at", type=float, default=5, help="seconds into the run")
-    p.add_argument("--ips", type=int, default=100_000, help="distinct source IPs (the keys)")
+    p.add_argument("--rate", type=bounded(float, 1), default=50_000, help="records per second")
+    p.add_argument("--sends", type=bounded(float, 1), default=100, help="sends per second")
+    p.add_argument("--seconds", type=bounded(float, 1), default=12, help="how long the input runs")
+    p.add_argument("--rescale-at", type=bounded(float, 0), default=5, help="seconds into the run")
+    p.add_argument("--ips", type=bounded(int, 1, MAX_IPS), default=100_000, help="distinct source IPs (the keys)")
     p.add_argument("--window", default="1s")
     p.add_argument("--plot", default="live_rescale.png", help="where to draw the plot (default: here)")
     a = p.parse_args(argv)

@@ -9,6 +9,7 @@ themselves for a keyword that is none of theirs.
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import functools
 import inspect
@@ -119,3 +120,19 @@ def function(value, name: str, optional: bool = False, error=QueryError, code: s
     if value is None and optional or callable(value):
         return value
     raise error(f"{name} must be a function, got {value!r} ({type(value).__name__})", code)
+
+
+def bounded(kind, minimum, maximum=None):
+    """A command line's number: an argparse ``type`` reading the text as ``kind`` (int or float), from
+    ``minimum`` up to ``maximum`` (argparse then names the argument in its error)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, "
+                                             f"got {text!r}") from None
+        if not math.isfinite(value) or value < minimum or (maximum is not None and value > maximum):
+            span = f"from {minimum:,} to {maximum:,}" if maximum is not None else f"{minimum:,} or more"
+            raise argparse.ArgumentTypeError(f"must be {span}, got {text}")
+        return value
+    return parse

@@ -22,33 +22,17 @@ possible ``--repeat`` times (throughput: the median) and once at
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
-import math
 import sys
 import time
 from pathlib import Path
 
+from sparkcep.arguments import bounded
 from sparkcep.bench import suite
 from sparkcep.bench.generator import MAX_IPS
 
 GROUPS = {"all": suite.ALL, "hibench": suite.HIBENCH, "nexmark": suite.NEXMARK}
-
-
-def bounded(kind, minimum, maximum=None):
-    """An argparse type: the text as ``kind`` (int or float), from ``minimum`` up to ``maximum``."""
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, "
-                                             f"got {text!r}") from None
-        if not math.isfinite(value) or value < minimum or (maximum is not None and value > maximum):
-            span = f"from {minimum:,} to {maximum:,}" if maximum is not None else f"{minimum:,} or more"
-            raise argparse.ArgumentTypeError(f"must be {span}, got {text}")
-        return value
-    return parse
 
 
 def add_arguments(parser) -> None:

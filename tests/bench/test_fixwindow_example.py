@@ -17,3 +17,13 @@ def test_the_fixwindow_example_runs_on_two_workers():
     assert "records/s" in out.stdout and "busiest IPs of any window" in out.stdout
     counted = re.search(r"counts sum to ([\d,]+)", out.stdout)
     assert counted and int(counted.group(1).replace(",", "")) == 40_000
+
+
+def test_the_main_job_refuses_a_count_it_cannot_run_naming_it():
+    """``--events 0`` ended in a TypeError traceback, ``--ips 0`` in a ValueError one."""
+    for argv, says in [(["--events", "0"], "argument --events: must be 1 or more, got 0"),
+                       (["--ips", "0"], "argument --ips: must be from 1 to 4,194,304, got 0")]:
+        out = subprocess.run([sys.executable, str(ROOT / "examples" / "fixwindow.py"), *argv],
+                             capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+        assert out.stderr.strip().splitlines()[-1] == f"fixwindow.py: error: {says}", out.stderr
