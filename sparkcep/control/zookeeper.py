@@ -28,6 +28,7 @@ from pathlib import Path
 from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
 
+from sparkcep.arguments import bounded
 from sparkcep.errors import EngineError
 
 JAR_DIR = "/usr/share/java"
@@ -203,10 +204,11 @@ class ZooKeeperServer:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--port", type=int, default=0, help="client port on 127.0.0.1 (default 0: a free one)")
+    parser.add_argument("--port", type=bounded(int, 0, 65535), default=0,
+                        help="client port on 127.0.0.1 (default 0: a free one)")
     parser.add_argument("--data-dir", default=None,
                         help="the server's data directory (default: a temporary one, removed on exit)")
-    parser.add_argument("--tick-ms", type=int, default=200,
+    parser.add_argument("--tick-ms", type=bounded(int, 1, 60_000), default=200,
                         help="ZooKeeper's tick; session timeouts are clamped to [2, 20] ticks (default 200)")
 
 

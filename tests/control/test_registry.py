@@ -347,6 +347,16 @@ def test_zookeeper_command_serves_and_stops_cleanly_on_sigterm():
             process.wait(10)
 
 
+@pytest.mark.parametrize("argv, says", [(["--port", "99999"], "argument --port: must be from 0 to 65,535, got 99999"),
+                                         (["--tick-ms", "0"], "argument --tick-ms: must be from 1 to 60,000, got 0")])
+def test_zookeeper_command_refuses_a_port_or_tick_it_cannot_use(argv, says, capsys):
+    """``--port 99999`` ended in an OverflowError traceback from bind(); ``--tick-ms 0`` in the JVM's exit."""
+    from sparkcep import cli
+    with pytest.raises(SystemExit) as done:
+        cli.main(["zookeeper", *argv])
+    assert done.value.code == 2 and says in capsys.readouterr().err
+
+
 def test_zookeeper_command_killed_leaves_no_java_behind():
     process, _, java, _ = _start_command()
     try:
