@@ -231,18 +231,21 @@ class ConnectedEngine:
         result = self._request(doc, f"deploy of {query.name!r}")
         return ClientDeployed(result["deployment"], query, self.path)
 
-    def _await_members(self, needed: int, wanted: int, timeout: float = MEMBERS_WAIT_S) -> None:
-        """Wait until ``needed`` instance managers are members (one per replica: the data path then fails
-        with NOT_ENOUGH_WORKERS naming how many joined), and then, to spread the instances, until ``wanted``
-        are, or none joined for :data:`SETTLE_S` (workers started together join within seconds of each
-        other); saying what it waits for."""
-        deadline, told, last, seen = time.monotonic() + timeout, time.monotonic(), time.monotonic(), -1
+    def _await_members(self, needed: int, wanted: int) -> None:
+        """Wait until ``needed`` instance managers are members (one per replica), and then, to spread the
+        instances, until ``wanted`` are, or none joined for :data:`SETTLE_S` (workers started together join
+        within seconds of each other); saying what it waits for. NOT_ENOUGH_WORKERS naming how many joined
+        if fewer than ``needed`` did within :data:`MEMBERS_WAIT_S`."""
+        deadline, told, last, seen = time.monotonic() + MEMBERS_WAIT_S, time.monotonic(), time.monotonic(), -1
         while True:
             joined, now = len(self.registry.children(tree.MEMBERS)), time.monotonic()
             if joined != seen:
                 last, seen = now, joined
-            if now > deadline or joined >= wanted or (joined >= needed and now - last > SETTLE_S):
+            if joined >= wanted or (joined >= needed and (now - last > SETTLE_S or now > deadline)):
                 return
+            if now > deadline:  # the data path would wait as long again before saying so
+                raise EngineError(f"{joined} of the {needed} instance managers needed serve this engine after "
+                                  f"{MEMBERS_WAIT_S:.0f} s (start more: sparkcep worker)", "NOT_ENOUGH_WORKERS")
             if now - told > 3:
                 told = now
                 log.warning("waiting for instance managers to join the cluster: %d joined, %d needed%s (up to %.0f "

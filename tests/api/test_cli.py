@@ -11,7 +11,9 @@ import logging
 import re
 import subprocess
 import sys
+import time
 
+import numpy as np
 import pytest
 from api_harness import ENV, ROOT
 
@@ -139,3 +141,19 @@ def test_a_command_that_cannot_reach_zookeeper_says_so_once(monkeypatch, capsys,
     assert err == f"sparkcep undeploy: no ZooKeeper server answered at {address} within 2.0 s (a local one for " \
                   "development: sparkcep zookeeper) [REGISTRY_UNREACHABLE]", err
     assert not [r for r in caplog.records if r.name.startswith("kazoo")], caplog.records[:3]
+
+
+def test_a_deploy_needing_more_workers_than_joined_says_so_after_one_wait(cluster, monkeypatch):
+    """Five replicas on two workers: NOT_ENOUGH_WORKERS once the client's wait for members is over. The
+    client waited, then the data path waited as long again (``sparkcep deploy --replicas 100``: 121 s)."""
+    from sparkcep.control import connect
+
+    monkeypatch.setattr(connect, "MEMBERS_WAIT_S", 2.0)
+    q = cep.Query("five")
+    q.output("five_out", q.stream("five_in", "k string, ts timestamp").map(k="k", ts="ts"))
+    started = time.monotonic()
+    with pytest.raises(cep.EngineError, match=r"^2 of the 5 instance managers needed serve this engine") as e:
+        cluster.engine.deploy(q, replicas=np.int64(5))
+    assert e.value.code == "NOT_ENOUGH_WORKERS" and time.monotonic() - started < 10
+    with pytest.raises(cep.QueryError):
+        cluster.engine.deployment("five")  # nothing was deployed
