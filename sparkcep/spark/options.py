@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 from dataclasses import dataclass
 
 from sparkcep.arguments import integer
@@ -46,6 +47,7 @@ FROM_SPARK = ("path", "checkpointLocation", "queryName")  # what Spark itself pa
 _NAMES = {n.lower(): n for n in COMMON + READ_ONLY + FROM_SPARK}
 METRICS = "$metrics"
 FORMS = ("long", "wide")  # of $metrics
+INT64_MAX = (1 << 63) - 1
 
 
 class SparkSourceError(SparkcepError):
@@ -150,11 +152,12 @@ def _positive(opts: dict, name: str, default):
 
 def _integer(value, name: str, minimum: int) -> int:
     """``value`` as an int: a string of digits (Spark hands options over as strings), or what
-    :func:`operator.index` takes; a bool, a float or a number below ``minimum`` raises ``OPTION``."""
+    :func:`operator.index` takes; a bool, a float or a number below ``minimum`` or past a 64-bit integer
+    (what Spark and the engine count rows and positions in) raises ``OPTION``."""
     if isinstance(value, str):
         text = value.strip()
         value = int(text) if text.lstrip("-").isdigit() else text
-    return integer(value, name, minimum=minimum, error=SparkSourceError, code="OPTION")
+    return integer(value, name, minimum=minimum, maximum=INT64_MAX, error=SparkSourceError, code="OPTION")
 
 
 def _float(opts: dict, name: str, default: float) -> float:
@@ -165,7 +168,7 @@ def _float(opts: dict, name: str, default: float) -> float:
         x = float(opts[key])
     except ValueError:
         x = -1.0
-    if x < 0:
+    if not 0 <= x < math.inf:  # nan too
         raise SparkSourceError(f"option {name}={opts[key]!r}: expected a number of seconds >= 0", "OPTION")
     return x
 
