@@ -43,6 +43,7 @@ except ModuleNotFoundError:  # run from a source checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import sparkcep as cep
 
+from sparkcep.arguments import bounded, bounded_list
 from sparkcep.bench import suite, workloads
 from sparkcep.bench.generator import RECORD_SCHEMA, UserVisits
 
@@ -51,6 +52,7 @@ EVENT_RATE = 1_000_000  # event time advances 1 s per 1M records
 IM_TARGET = 1.15  # workers=2 CPU per record within 15% of workers=1
 ENGINE_RECORD_TARGET_US = 0.03  # at 10K-row sends
 ENGINE_SEND_TARGET_US = 100.0
+MAX_RECORDS = 40_000_000  # records are made up front: about 200 bytes each
 
 
 def make_batches(gen: UserVisits, records: int, rows: int, start: int = 0) -> list[pa.RecordBatch]:
@@ -122,10 +124,12 @@ def fmt_runs(xs: list[float], digits: int = 3) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--records", type=int, default=20_000_000, help="records per instance-manager run")
-    p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--sends", default="100,10000,65536", help="rows per send of the engine runs")
-    p.add_argument("--seconds", type=float, default=2.0, help="about how long each engine run sends")
+    p.add_argument("--records", type=bounded(int, 1_000_000, MAX_RECORDS), default=20_000_000,
+                   help="records per instance-manager run, and at most per engine run")
+    p.add_argument("--repeat", type=bounded(int, 1, 100), default=3)
+    p.add_argument("--sends", type=bounded_list(int, 1, 1 << 20), default=[100, 10_000, 65_536],
+                   help="rows per send of the engine runs, comma-separated (default 100,10000,65536)")
+    p.add_argument("--seconds", type=bounded(float, 0.1, 60), default=2.0, help="about how long each engine run sends")
     p.add_argument("--skip", choices=["im", "engine"], default=None, help="leave one part out")
     a = p.parse_args(argv)
     gen = UserVisits(seed=0, distinct_ips=100_000)
@@ -151,17 +155,16 @@ def main(argv=None) -> int:
         del batches
 
     if a.skip != "engine":
-        sizes = [int(s) for s in a.sends.split(",")]
         results = {}
         engine, dep = deployed(2)
         with engine:
             start = 0
-            for rows in sizes:
+            for rows in a.sends:
                 # about --seconds of sending at the rate the first run of this size reaches
                 probe = make_batches(gen, min(rows * 200, 2_000_000), rows, start)
                 start += sum(b.num_rows for b in probe)
                 _, _, wall = engine_run(engine, dep, probe)
-                count = max(200, int(a.seconds * len(probe) / max(wall, 1e-3)))
+                count = min(max(200, int(a.seconds * len(probe) / max(wall, 1e-3))), max(1, a.records // rows))
                 runs = []
                 for _ in range(a.repeat):
                     batches = make_batches(gen, count * rows, rows, start)

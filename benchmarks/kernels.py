@@ -40,12 +40,14 @@ except ModuleNotFoundError:  # run from a source checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import sparkcep as cep
 
-from sparkcep.bench.generator import UserVisits
+from sparkcep.arguments import bounded
+from sparkcep.bench.generator import MAX_IPS, UserVisits
 from sparkcep.core import columns
 from sparkcep.core.aggregate import WindowAggregate
 from sparkcep.core.operators import FilterOp
 
 TARGET = 30e6  # window-aggregate tuples/s on one core (the hot-path issue's target)
+MAX_EVENTS = 50_000_000  # the tuples are made up front, about 100 bytes each with pandas' copy
 T0 = 1_700_000_000_000_000  # event time of the first tuple, us
 WINDOW_US = 10_000_000
 SCHEMA = "ip string, ts timestamp, duration int64"
@@ -156,11 +158,11 @@ def profile_aggregate(op, batches, top: int = 14) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--events", type=int, default=5_000_000)
-    p.add_argument("--keys", type=int, default=100_000, help="distinct IPs")
-    p.add_argument("--span", type=float, default=50.0, help="seconds of event time the tuples cover")
-    p.add_argument("--batch", type=int, default=65_536, help="rows per batch")
-    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--events", type=bounded(int, 1, MAX_EVENTS), default=5_000_000)
+    p.add_argument("--keys", type=bounded(int, 1, MAX_IPS), default=100_000, help="distinct IPs")
+    p.add_argument("--span", type=bounded(float, 0.001), default=50.0, help="seconds of event time the tuples cover")
+    p.add_argument("--batch", type=bounded(int, 256, 1 << 24), default=65_536, help="rows per batch")
+    p.add_argument("--repeat", type=bounded(int, 1, 100), default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", action="store_true", help="also print where the window aggregate's time goes")
     a = p.parse_args(argv)

@@ -27,15 +27,16 @@ except ModuleNotFoundError:  # run from a source checkout without installing
 
 from rich.console import Console
 
+from sparkcep.arguments import bounded
 from sparkcep.bench import cli, nexmark_queries
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--queries", nargs="+", choices=nexmark_queries.QUERIES, default=list(nexmark_queries.QUERIES))
-    p.add_argument("--events", type=int, default=2_000_000)
-    p.add_argument("--rate", type=float, default=None, help="events/s, open loop (default: as fast as possible)")
-    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--events", type=bounded(int, 1), default=2_000_000)
+    p.add_argument("--rate", type=bounded(float, 0), default=None, help="events/s, open loop (default: as fast as possible)")
+    p.add_argument("--workers", type=bounded(int, 0), default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-spark", action="store_true", help="sparkcep only")
     a = p.parse_args(argv)

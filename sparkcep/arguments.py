@@ -136,3 +136,16 @@ def bounded(kind, minimum, maximum=None):
             raise argparse.ArgumentTypeError(f"must be {span}, got {text}")
         return value
     return parse
+
+
+def bounded_list(kind, minimum, maximum=None):
+    """A command line's comma-separated numbers (``100,10000``), each as :func:`bounded`
+    reads it: an argparse ``type`` giving a list of at least one."""
+    one = bounded(kind, minimum, maximum)
+
+    def parse(text: str):
+        items = [t.strip() for t in text.split(",")]
+        if not all(items):
+            raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
+        return [one(t) for t in items]
+    return parse

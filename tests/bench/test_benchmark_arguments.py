@@ -1,0 +1,39 @@
+"""The benchmark scripts refuse a count they cannot run in argparse's one line, naming the argument:
+``--repeat 0`` ended in a StatisticsError traceback, ``--events 0`` in a ZeroDivisionError, ``--sends 0``
+in a ValueError, and ``kernels.py --events 1000000000000`` began making the tuples up front."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+REFUSED = [
+    ("kernels.py", ["--repeat", "0"], "argument --repeat: must be from 1 to 100, got 0"),
+    ("kernels.py", ["--events", "1000000000000"], "argument --events: must be from 1 to 50,000,000, got 1000000000000"),
+    ("kernels.py", ["--span", "0"], "argument --span: must be 0.001 or more, got 0"),
+    ("kernels.py", ["--batch", "0"], "argument --batch: must be from 256 to 16,777,216, got 0"),
+    ("exchange.py", ["--sends", "100,0"], "argument --sends: must be from 1 to 1,048,576, got 0"),
+    ("exchange.py", ["--sends", "100,,5"], "argument --sends: expected comma-separated numbers, got '100,,5'"),
+    ("exchange.py", ["--records", "0"], "argument --records: must be from 1,000,000 to 40,000,000, got 0"),
+    ("exchange.py", ["--repeat", "0"], "argument --repeat: must be from 1 to 100, got 0"),
+    ("nexmark.py", ["--events", "0"], "argument --events: must be 1 or more, got 0"),
+    ("nexmark.py", ["--workers", "-1"], "argument --workers: must be 0 or more, got -1"),
+]
+
+
+def script(name: str):
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name[:-3]}", BENCHMARKS / name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("name,argv,says", REFUSED, ids=[f"{n} {' '.join(a)}" for n, a, _ in REFUSED])
+def test_a_benchmark_refuses_a_count_it_cannot_run_naming_the_argument(name, argv, says, capsys, monkeypatch):
+    monkeypatch.setattr("sys.argv", [name])  # argparse names the program after argv[0]
+    with pytest.raises(SystemExit) as stop:
+        script(name).main(argv)
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"{name}: error: {says}"
