@@ -42,6 +42,8 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-spark", action="store_true", help="sparkcep only")
     a = p.parse_args(argv)
+    if a.workers and cli.workers_refused(a.workers):
+        return 2
 
     workers = a.workers
     args = SimpleNamespace(workers=workers, instances=max(1, workers), ips=a.ips, seed=a.seed)

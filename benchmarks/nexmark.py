@@ -40,6 +40,8 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-spark", action="store_true", help="sparkcep only")
     a = p.parse_args(argv)
+    if a.workers and cli.workers_refused(a.workers):
+        return 2
     args = SimpleNamespace(workers=a.workers, instances=max(1, a.workers), ips=0, seed=a.seed)
     console = Console(stderr=True)
     latency = bool(a.rate)

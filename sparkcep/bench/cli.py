@@ -31,6 +31,9 @@ from pathlib import Path
 from sparkcep.arguments import bounded
 from sparkcep.bench import suite
 from sparkcep.bench.generator import MAX_IPS
+from sparkcep.errors import SparkcepError
+from sparkcep.runtime import capacity
+from sparkcep.runtime.topology import Topology
 
 GROUPS = {"all": suite.ALL, "hibench": suite.HIBENCH, "nexmark": suite.NEXMARK}
 
@@ -71,12 +74,19 @@ def plans(args) -> list[tuple[str, float | None, int, bool]]:
     return out
 
 
-def run(args) -> int:
-    import sparkcep as cep
+def workers_refused(workers: int) -> bool:
+    """Whether this machine cannot run ``workers`` instance managers (said on stderr, as the engine would
+    refuse them), found before anything starts."""
     try:
-        cep.Engine.local(workers=args.workers).close()
-    except cep.SparkcepError as e:
+        capacity.check_workers(workers, len(Topology.load().cpus))
+    except SparkcepError as e:
         print(f"error: {e} [{e.code}]", file=sys.stderr)
+        return True
+    return False
+
+
+def run(args) -> int:
+    if args.workers and workers_refused(args.workers):
         return 2
     from rich.console import Console
     console = Console(stderr=True)

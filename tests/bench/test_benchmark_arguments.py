@@ -37,3 +37,11 @@ def test_a_benchmark_refuses_a_count_it_cannot_run_naming_the_argument(name, arg
         script(name).main(argv)
     assert stop.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == f"{name}: error: {says}"
+
+
+@pytest.mark.parametrize("name", ["fixwindow.py", "nexmark.py"])
+def test_a_benchmark_refuses_more_workers_than_the_machine_runs_before_starting_any(name, capsys):
+    """It ended in the engine's EngineError traceback."""
+    assert script(name).main(["--workers", "1000000", "--no-spark"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: 1000000 instance managers on ") and err[-1].endswith("[CAPACITY]"), err
