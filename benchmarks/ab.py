@@ -26,8 +26,24 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
+
+try:
+    from sparkcep.arguments import bounded
+except ImportError as e:
+    if e.name == "sparkcep":  # a source checkout without install
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from sparkcep.arguments import bounded
+    else:  # --inner on a checkout under test older than it (first on PYTHONPATH): the outer process, on this
+        def bounded(kind, minimum, maximum=None):  # script's checkout, checked the numbers it passes on
+            return kind
+
+MAX_RUNS = 100
+MAX_EVENTS = 6_000_000  # made up front: 1.1 GB a million at the peak (numpy's 180-character values)
+TIMEOUT_S = 900  # a run's process
+MAX_INPUT_S = 600  # of open-loop input (--events / --rate), within a run's TIMEOUT_S
 
 
 def records(n: int, seed: int, start_us: int, step_us: float):
@@ -95,11 +111,15 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("old")
     p.add_argument("new")
-    p.add_argument("--runs", type=int, default=6, help="runs of each side")
-    p.add_argument("--events", type=int, default=4_000_000)
-    p.add_argument("--rate", type=float, default=None, help="records/s, open loop")
+    p.add_argument("--runs", type=bounded(int, 1, MAX_RUNS), default=6, help="runs of each side")
+    p.add_argument("--events", type=bounded(int, 1, MAX_EVENTS), default=4_000_000)
+    p.add_argument("--rate", type=bounded(float, 1), default=None,
+                   help=f"records/s, open loop (--events / --rate: at most {MAX_INPUT_S} s)")
     p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if a.rate and a.events / a.rate > MAX_INPUT_S:
+        p.error(f"--events / --rate must be at most {MAX_INPUT_S} s of input (a run's process has {TIMEOUT_S} s), "
+                f"got {a.events / a.rate:,.0f} s")
     if a.inner:
         print(json.dumps(inner(a.events, a.rate)))
         return 0
@@ -111,7 +131,7 @@ def main(argv=None) -> int:
             cmd = [sys.executable, os.path.abspath(__file__), path, path, "--inner", "--events", str(a.events)]
             if a.rate:
                 cmd += ["--rate", str(a.rate)]
-            out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=path, timeout=900)
+            out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=path, timeout=TIMEOUT_S)
             if out.returncode:
                 print(out.stderr[-2000:], file=sys.stderr)
                 return 1

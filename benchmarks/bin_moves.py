@@ -30,12 +30,18 @@ except ModuleNotFoundError:  # run from a source checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import sparkcep as cep
 
+from sparkcep.arguments import bounded
 from sparkcep.core import columns
 from sparkcep.core.operators import WM_NONE, physical
+from sparkcep.runtime.deployment import MAX_BINS
 
 T0 = 1_700_000_000_000_000
 PER_BIN_LOOP_S = 5.96  # the former take_bin/put_bin loop, 1024 of 4096 bins, 10^6 keys
 PER_BIN_LOOP_BINS = 1024
+MOVES = (1024, 2048)  # bins moved, out of the 7/8 of them A keeps
+MIN_BINS = 4096  # the fewest bins whose 7/8 hold MOVES[-1]
+MAX_KEYS = 10 ** 7  # made up front: 10^7 peak at 3 GB (keys, table, the bins moved, their pickle), 20 s a run
+MAX_REPEAT = 100
 
 
 class Clock:
@@ -59,6 +65,8 @@ def aggregate_op():
 def loaded(op, keys: int, bins: int):
     """An instance of ``op`` holding one window entry for each of ``keys`` keys."""
     ip = pa.array(np.char.add("10.", np.arange(keys).astype(str)))
+    if isinstance(ip, pa.ChunkedArray):  # pyarrow cuts a numpy str array of 1.8M keys or more in chunks
+        ip = ip.combine_chunks()
     n = len(ip)
     batch = pa.RecordBatch.from_arrays(
         [ip, pa.array(np.full(n, T0), pa.timestamp("us")), pa.array(np.arange(n, dtype=np.int64)),
@@ -91,11 +99,19 @@ def one_run(op, keys: int, bins: int, moving: int, fresh: bool) -> dict[str, flo
             "mib": moved.nbytes / 2 ** 20}
 
 
+def bin_count(text: str) -> int:
+    """``--bins``: a power of two from MIN_BINS to MAX_BINS."""
+    n = bounded(int, MIN_BINS, MAX_BINS)(text)
+    if n & (n - 1):
+        raise argparse.ArgumentTypeError(f"must be a power of two, got {text}")
+    return n
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--keys", type=int, default=1_000_000)
-    ap.add_argument("--bins", type=int, default=4096)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--keys", type=bounded(int, 1, MAX_KEYS), default=1_000_000)
+    ap.add_argument("--bins", type=bin_count, default=4096, help=f"a power of two from {MIN_BINS} to {MAX_BINS}")
+    ap.add_argument("--repeat", type=bounded(int, 1, MAX_REPEAT), default=3)
     args = ap.parse_args(argv)
     op = aggregate_op()
     one_run(op, 10_000, 64, 8, False)  # compile the kernels before the clock
@@ -103,7 +119,7 @@ def main(argv=None) -> None:
     print(f"{'bins':>5} {'to':>13} {'entries':>8} {'MiB':>6} {'take':>7} {'put':>7} {'move':>7} {'(cpu)':>7} "
           f"{'dumps':>7} {'loads':>7} {'per-bin loop':>13} {'ratio':>6}")
     per_bin = PER_BIN_LOOP_S / PER_BIN_LOOP_BINS
-    for moving in (1024, 2048):
+    for moving in MOVES:
         for fresh in (False, True):
             runs = [one_run(op, args.keys, args.bins, moving, fresh) for _ in range(args.repeat)]
             m = {k: statistics.median(r[k] for r in runs) for k in runs[0]}

@@ -43,17 +43,21 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 try:
-    import sparkcep  # noqa: F401
+    from sparkcep import auth
 except ModuleNotFoundError:  # run from a source checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from sparkcep import auth
 
-from sparkcep import auth
+from sparkcep.arguments import bounded
 from sparkcep.runtime.channels import (ChannelClosed, Data, Doorbell, Progress, RingConsumer, RingProducer,
                                        create_ring, tcp)
 
 END = -1  # epoch of the Progress that ends a throughput run
 COUNT, ECHO = 0, 1  # ports: count the rows / send the batch back
 MSG = struct.Struct("<qi")  # IPC/socket framing: message length (-1: end of run), port (-1: a schema)
+MAX_RUNS = 100
+MAX_MB = 1 << 16  # per throughput run (the same batch sent again and again): 64 GiB, a minute or so a transport
+MAX_RTT = 10 ** 6  # round trips per transport
 
 
 def pin(core: int) -> None:
@@ -382,13 +386,22 @@ def spread(values: list[float], scale: float, digits: int) -> str:
             f"[{values[0] / scale:.{digits}f} - {values[-1] / scale:.{digits}f}]")
 
 
+def tcp_capacity(text: str) -> int:
+    """``--tcp-capacity``: a channel's capacity as the channel takes it, a multiple of 8 from 4096 to 2**30 bytes."""
+    n = bounded(int, 4096, 1 << 30)(text)
+    if n % 8:
+        raise argparse.ArgumentTypeError(f"must be a multiple of 8, got {text}")
+    return n
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--runs", type=int, default=5, help="throughput runs per transport and batch")
-    p.add_argument("--mb", type=int, default=256, help="megabytes moved per throughput run")
-    p.add_argument("--rtt", type=int, default=2000, help="round trips measured per transport")
-    p.add_argument("--tcp-capacity", type=int, default=tcp.DEFAULT_CAPACITY,
-                   help="the tcp channel's capacity (bytes; at most net.core.wmem_max)")
+    p.add_argument("--runs", type=bounded(int, 1, MAX_RUNS), default=5, help="throughput runs per transport and batch")
+    p.add_argument("--mb", type=bounded(int, 1, MAX_MB), default=256, help="megabytes moved per throughput run")
+    p.add_argument("--rtt", type=bounded(int, 1, MAX_RTT), default=2000, help="round trips measured per transport")
+    p.add_argument("--tcp-capacity", type=tcp_capacity, default=tcp.DEFAULT_CAPACITY,
+                   help="the tcp channel's capacity (bytes, a multiple of 8 from 4096 to 2**30; at most "
+                   "net.core.wmem_max is used)")
     a = p.parse_args(argv)
     ctx = mp.get_context("spawn")  # gRPC's threads and forked children do not mix
     batches = {"64K x 3 int64": int_batch(), "16K HiBench-like": hibench_batch()}

@@ -16,6 +16,7 @@ engine, so the instances run inside ``send``). Prints both times per case.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -89,7 +90,8 @@ print(json.dumps({name: [feed(make), feed(make)] for name, make in CASES.items()
 """
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)  # no options: refuses any given
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p] + [ROOT]  # a given PYTHONPATH first
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
     with tempfile.TemporaryDirectory(prefix="sparkcep-numba-") as cache:

@@ -56,13 +56,19 @@ except ModuleNotFoundError:  # run from a source checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import sparkcep as cep
 
+from sparkcep.arguments import bounded, bounded_list
 from sparkcep.bench.steady import KeySender
+from sparkcep.runtime.deployment import MAX_BINS
 from sparkcep.runtime.sink import EPOCH_LOG
 
 STRATEGIES = ("all-at-once", "batched", "fluid")
 LOAD_ROWS = 200_000  # rows per send while loading the state
 CLOSE_TIMEOUT_S = 30.0  # an engine left by a failed migration must close within this long
-QUICK = dict(keys="1e5", bins="16,256", steady=1.5, tput_keys="1e5", tput_s=0.5, tput_rounds=3)
+QUICK = dict(keys=[100_000], bins=[16, 256], steady=1.5, tput_keys=[100_000], tput_s=0.5, tput_rounds=3)
+MAX_KEYS = 10 ** 7  # keys per deployment: ~130 B of table each, and --tput-keys loads one deployment per bin count
+MAX_ROWS = 10 ** 6  # random keys per send
+MAX_REPEAT = 100
+MAX_SECONDS = 3600  # of a steady window or a throughput round
 
 
 def key_count_query(stream: str = "ev") -> cep.Query:
@@ -347,34 +353,51 @@ def plot(results: list[dict], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def key_counts(text: str) -> list[int]:
+    """``--keys``/``--tput-keys``: comma-separated key counts (1e6 or 1000000) up to MAX_KEYS; empty: none."""
+    return bounded_list(int, 1, MAX_KEYS)(text) if text.strip() else []
+
+
+def bin_counts(text: str) -> list[int]:
+    """``--bins``: comma-separated powers of two from 2 (an instance holds a bin at least) to MAX_BINS."""
+    counts = bounded_list(int, 2, MAX_BINS)(text)
+    bad = [b for b in counts if b & (b - 1)]
+    if bad:
+        raise argparse.ArgumentTypeError(f"bin counts must be powers of two, got {', '.join(map(str, bad))}")
+    return counts
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help=f"a small run, under a minute: {QUICK}")
-    p.add_argument("--keys", default="1e5,1e6,1e7", help="key counts, comma-separated (1e6 or 1000000)")
-    p.add_argument("--bins", default="16,64,256,1024,4096", help="bin counts (powers of two), comma-separated")
+    p.add_argument("--keys", type=key_counts, default="1e5,1e6,1e7",
+                   help=f"key counts, comma-separated (1e6 or 1000000; at most {MAX_KEYS:,}; empty: the "
+                   "throughput only)")
+    p.add_argument("--bins", type=bin_counts, default="16,64,256,1024,4096",
+                   help=f"bin counts (powers of two, 2 to {MAX_BINS}), comma-separated")
     p.add_argument("--strategies", default=",".join(STRATEGIES))
-    p.add_argument("--rate", type=float, default=150, help="sends per second during the steady run")
-    p.add_argument("--rows", type=int, default=1000, help="random keys per send")
-    p.add_argument("--steady", type=float, default=4.0, help="seconds of steady input before each migration")
+    p.add_argument("--rate", type=bounded(float, 0.1), default=150, help="sends per second during the steady run")
+    p.add_argument("--rows", type=bounded(int, 1, MAX_ROWS), default=1000, help="random keys per send")
+    p.add_argument("--steady", type=bounded(float, 0.1, MAX_SECONDS), default=4.0,
+                   help="seconds of steady input before each migration")
     p.add_argument("--moves", choices=("swap", "one-way"), default="swap",
                    help="swap: half of each instance's bins both ways; one-way: one instance's bins to the other")
-    p.add_argument("--batch", type=int, default=16, help="bins per pair of instances per step, batched")
-    p.add_argument("--repeat", type=int, default=1, help="migrations per strategy (medians are shown)")
-    p.add_argument("--tput-keys", default="1e6", help="key counts of the throughput by bin count (one "
-                   "deployment per bin count, side by side)")
-    p.add_argument("--tput-rows", type=int, default=20_000, help="rows per send, throughput rounds")
-    p.add_argument("--tput-s", type=float, default=1.0, help="seconds per throughput round")
-    p.add_argument("--tput-rounds", type=int, default=5)
+    p.add_argument("--batch", type=bounded(int, 1), default=16, help="bins per pair of instances per step, batched")
+    p.add_argument("--repeat", type=bounded(int, 1, MAX_REPEAT), default=1,
+                   help="migrations per strategy (medians are shown)")
+    p.add_argument("--tput-keys", type=key_counts, default="1e6", help="key counts of the throughput by bin count "
+                   "(one deployment per bin count, side by side; empty: none)")
+    p.add_argument("--tput-rows", type=bounded(int, 1, MAX_ROWS), default=20_000,
+                   help="rows per send, throughput rounds")
+    p.add_argument("--tput-s", type=bounded(float, 0.01, MAX_SECONDS), default=1.0, help="seconds per throughput round")
+    p.add_argument("--tput-rounds", type=bounded(int, 1, MAX_REPEAT), default=5)
     p.add_argument("--plot", default="docs/migration.png")
     a = p.parse_args(argv)
     if a.quick:
-        defaults = {k: p.get_default(k) for k in QUICK}
+        defaults = vars(p.parse_args([]))
         for k, v in QUICK.items():  # what the command line set explicitly wins
             if getattr(a, k) == defaults[k]:
                 setattr(a, k, v)
-    a.keys = [int(float(k)) for k in a.keys.split(",") if k]  # none: the throughput only
-    a.tput_keys = [int(float(k)) for k in a.tput_keys.split(",") if k]
-    a.bins = [int(b) for b in a.bins.split(",")]
     a.strategies = [s.strip() for s in a.strategies.split(",")]
     bad = [s for s in a.strategies if s not in STRATEGIES]
     if bad:

@@ -66,14 +66,23 @@ except ModuleNotFoundError:  # run from a source checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import sparkcep as cep
 
+from sparkcep.arguments import bounded, bounded_list
 from sparkcep.bench import workloads
 from sparkcep.bench.generator import RECORD_SCHEMA, UserVisits
 from sparkcep.bench.steady import KeySender
+from sparkcep.runtime.capacity import MAX_WORKERS_PER_CPU
+from sparkcep.runtime.topology import Topology
 
 TPUT_ROWS = 65_536  # records per send, throughput rounds
 LOAD_ROWS = 200_000  # keys per send while building the state of (c)
 GAP_KEYS = 10_000  # keys of the running count of (b)
-QUICK = dict(tput_s=1.0, rounds=2, kills=2, steady=1.0, keys="1e4,1e6", repeat=1)
+QUICK = dict(tput_s=1.0, rounds=2, kills=2, steady=1.0, keys=[10_000, 1_000_000], repeat=1)
+WORKERS = 2  # instance managers serving the replicas; a kill's standbys come on top
+MAX_KEYS = 10 ** 7  # keys of (c): ~130 B of table each, in both replicas and the copy a catch-up makes
+MAX_ROWS = 10 ** 6  # random keys per send
+MAX_ROUNDS = 100
+MAX_SECONDS = 3600  # of a throughput round, of steady input
+MIN_SENDS = 10  # sends of the steady input before a kill: (b)'s steady intervals are between them
 
 
 def load():
@@ -272,23 +281,39 @@ def plot(kills: list[dict], catchups: dict[int, list[dict]], path: str) -> None:
 
 
 def parse_args(argv=None):
+    # the engine refuses more instance managers (workers and standbys) than MAX_WORKERS_PER_CPU a CPU
+    standbys = MAX_WORKERS_PER_CPU * len(Topology.load().cpus) - WORKERS
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help=f"a small run, under a minute: {QUICK}")
-    p.add_argument("--tput-s", type=float, default=3.0, help="seconds of input per throughput round")
-    p.add_argument("--rounds", type=int, default=5, help="timed throughput rounds per replica count")
-    p.add_argument("--rate", type=float, default=150, help="sends per second of the steady input")
-    p.add_argument("--rows", type=int, default=1000, help="random keys per send of the steady input")
-    p.add_argument("--steady", type=float, default=3.0, help="seconds of steady input before each kill")
-    p.add_argument("--kills", type=int, default=6, help="kills in (b)")
-    p.add_argument("--keys", default="1e4,1e5,1e6", help="key counts of (c), comma-separated")
-    p.add_argument("--repeat", type=int, default=3, help="kills per key count in (c)")
+    p.add_argument("--tput-s", type=bounded(float, 0.1, MAX_SECONDS), default=3.0,
+                   help="seconds of input per throughput round")
+    p.add_argument("--rounds", type=bounded(int, 1, MAX_ROUNDS), default=5,
+                   help="timed throughput rounds per replica count")
+    p.add_argument("--rate", type=bounded(float, 0.1), default=150, help="sends per second of the steady input")
+    p.add_argument("--rows", type=bounded(int, 1, MAX_ROWS), default=1000,
+                   help="random keys per send of the steady input")
+    p.add_argument("--steady", type=bounded(float, 0.1, MAX_SECONDS), default=3.0,
+                   help=f"seconds of steady input before each kill (--rate x --steady: {MIN_SENDS} sends at least)")
+    p.add_argument("--kills", type=bounded(int, 1, standbys), default=6,
+                   help=f"kills in (b) (a standby each; at most {standbys} on this machine)")
+    p.add_argument("--keys", type=bounded_list(int, 1, MAX_KEYS), default="1e4,1e5,1e6",
+                   help=f"key counts of (c), comma-separated (1e6 or 1000000; at most {MAX_KEYS:,})")
+    p.add_argument("--repeat", type=bounded(int, 1, standbys), default=3,
+                   help=f"kills per key count in (c) (a standby each; at most {standbys} on this machine)")
     p.add_argument("--plot", default="docs/replication.png")
     a = p.parse_args(argv)
     if a.quick:
+        defaults = vars(p.parse_args([]))
         for k, v in QUICK.items():  # what the command line set explicitly wins
-            if getattr(a, k) == p.get_default(k):
+            if getattr(a, k) == defaults[k]:
                 setattr(a, k, v)
-    a.keys = [int(float(k)) for k in a.keys.split(",")]
+        standby = a.kills + a.repeat * len(a.keys)  # main() starts one engine with all of them
+        if standby > standbys:
+            p.error(f"--quick starts a standby for each kill, --kills + --repeat x (key counts of --keys) = "
+                    f"{standby}: at most {standbys} on this machine")
+    if a.rate * a.steady < MIN_SENDS:
+        p.error(f"--rate x --steady must make {MIN_SENDS} sends at least before a kill, got {a.rate:g} x "
+                f"{a.steady:g}")
     return a
 
 

@@ -31,7 +31,11 @@ except ModuleNotFoundError:  # run from a source checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import sparkcep as cep
 
+from sparkcep.arguments import bounded
 from sparkcep.runtime.channels import Doorbell, Progress, RingConsumer, RingProducer, create_ring
+
+MAX_ROWS = 50_000_000  # made up front as Arrow batches, ~30 B a row (a 9-byte key, a time, an int64): 1.5 GB
+MAX_BATCH = 1 << 24  # rows a batch; the channel's is 24 B a row (400 MB) and multiprocessing.Queue pickles it
 
 
 def _pin(i):
@@ -137,9 +141,12 @@ def engine_run(kind: str, workers: int, rows: int, batch_rows: int, rate: float 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--rows", type=int, default=4_000_000)
-    p.add_argument("--batch", type=int, default=65_536)
+    p.add_argument("--rows", type=bounded(int, 1, MAX_ROWS), default=4_000_000)
+    p.add_argument("--batch", type=bounded(int, 1, MAX_BATCH), default=65_536,
+                   help="rows per batch (at most 4 x --rows: the channel moves 4 x --rows)")
     a = p.parse_args(argv)
+    if a.batch > 4 * a.rows:  # the channel would move no batch at all
+        p.error(f"argument --batch: at most 4 x --rows ({4 * a.rows:,}), got {a.batch:,}")
     ring, queue = channel(a.rows * 4, a.batch)
     print(f"channel, {a.batch:,}-row batches of 24 B rows between two pinned processes:")
     print(f"  shared-memory ring     {ring / 1e6:8.1f} M tuples/s")

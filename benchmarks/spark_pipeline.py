@@ -24,19 +24,31 @@ import tempfile
 from pathlib import Path
 
 try:
-    import sparkcep  # noqa: F401
+    from sparkcep.arguments import bounded
 except ModuleNotFoundError:  # a source checkout without install
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from sparkcep.arguments import bounded
+
+MAX_EVENTS = 20_000_000  # HiBench records of 200 bytes, made up front a file at a time, then read by Spark
+MAX_FILES = 1000
+MAX_SPAN_S = 10 ** 8  # about 3 years of event time
+MAX_RUNS = 100
 
 
 def main(argv=None) -> int:
+    from sparkcep.runtime.capacity import MAX_WORKERS_PER_CPU
+    from sparkcep.runtime.topology import Topology
+
+    workers = MAX_WORKERS_PER_CPU * len(Topology.load().cpus)  # the most the engine starts on this machine
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--events", type=int, default=2_000_000)
-    ap.add_argument("--files", type=int, default=10)
-    ap.add_argument("--span", type=float, default=600.0, help="seconds of event time the events cover")
-    ap.add_argument("--runs", type=int, default=3, help="measured runs of each path")
-    ap.add_argument("--warm-ups", type=int, default=2, help="untimed runs of each path first")
-    ap.add_argument("--workers", type=int, default=0, help="instance managers of the engine (0: in-process)")
+    ap.add_argument("--events", type=bounded(int, 1, MAX_EVENTS), default=2_000_000)
+    ap.add_argument("--files", type=bounded(int, 1, MAX_FILES), default=10)
+    ap.add_argument("--span", type=bounded(float, 0.001, MAX_SPAN_S), default=600.0,
+                    help="seconds of event time the events cover")
+    ap.add_argument("--runs", type=bounded(int, 1, MAX_RUNS), default=3, help="measured runs of each path")
+    ap.add_argument("--warm-ups", type=bounded(int, 0, MAX_RUNS), default=2, help="untimed runs of each path first")
+    ap.add_argument("--workers", type=bounded(int, 0, workers), default=0,
+                    help=f"instance managers of the engine (0: in-process; at most {workers} on this machine)")
     a = ap.parse_args(argv)
 
     os.environ.setdefault("SPARKCEP_HOME", tempfile.mkdtemp(prefix="sparkcep-bench-"))

@@ -31,6 +31,11 @@ except ModuleNotFoundError:  # a source checkout without install
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import sparkcep as cep
 
+from sparkcep.arguments import bounded
+
+MAX_ROWS = 10 ** 8  # sent to the engine before the timed run, a million at a time
+MAX_BATCH = 10 ** 7  # rows of a micro-batch, in Spark's Python workers and JVM at once
+
 
 def measure(query, batches: int) -> dict:
     """Rows/s of micro-batches 2..n of a started streaming query (stops it after ``batches`` batches)."""
@@ -50,8 +55,8 @@ def measure(query, batches: int) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rows", type=int, default=16_000_000, help="rows the engine output holds")
-    ap.add_argument("--batch", type=int, default=2_000_000, help="rows per micro-batch")
+    ap.add_argument("--rows", type=bounded(int, 1, MAX_ROWS), default=16_000_000, help="rows the engine output holds")
+    ap.add_argument("--batch", type=bounded(int, 1, MAX_BATCH), default=2_000_000, help="rows per micro-batch")
     ap.add_argument("--master", default="local[2]")
     a = ap.parse_args(argv)
     batches = max(a.rows // a.batch, 2)

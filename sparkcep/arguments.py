@@ -123,14 +123,17 @@ def function(value, name: str, optional: bool = False, error=QueryError, code: s
 
 
 def bounded(kind, minimum, maximum=None):
-    """A command line's number: an argparse ``type`` reading the text as ``kind`` (int or float), from
-    ``minimum`` up to ``maximum`` (argparse then names the argument in its error)."""
+    """A command line's number: an argparse ``type`` reading the text as ``kind`` (int or float; an int
+    may be written ``1e6``), from ``minimum`` up to ``maximum`` (argparse then names the argument in its
+    error)."""
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, "
-                                             f"got {text!r}") from None
+            value = _whole(text) if kind is int else None
+            if value is None:
+                raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, "
+                                                 f"got {text!r}") from None
         if not math.isfinite(value) or value < minimum or (maximum is not None and value > maximum):
             span = f"from {minimum:,} to {maximum:,}" if maximum is not None else f"{minimum:,} or more"
             raise argparse.ArgumentTypeError(f"must be {span}, got {text}")
@@ -138,8 +141,17 @@ def bounded(kind, minimum, maximum=None):
     return parse
 
 
+def _whole(text: str) -> int | None:
+    """``text`` as an integer when it writes a whole number in float notation (``1e6``), else None."""
+    try:
+        f = float(text)
+    except ValueError:
+        return None
+    return int(f) if math.isfinite(f) and f.is_integer() else None
+
+
 def bounded_list(kind, minimum, maximum=None):
-    """A command line's comma-separated numbers (``100,10000``), each as :func:`bounded`
+    """A command line's comma-separated numbers (``100,10000`` or ``1e5,1e6``), each as :func:`bounded`
     reads it: an argparse ``type`` giving a list of at least one."""
     one = bounded(kind, minimum, maximum)
 

@@ -97,7 +97,7 @@ def test_plans_of_a_report():
     (["--ips", "10000000000000"], "argument --ips: must be from 1 to 4,194,304"),  # tried to allocate 36 TiB
     (["--rate", "nan"], "argument --rate: must be 0 or more, got nan"),
     (["--repeat", "0"], "argument --repeat: must be 1 or more, got 0"),
-    (["--events", "1e3"], "argument --events: expected an integer, got '1e3'"),
+    (["--events", "1.5"], "argument --events: expected an integer, got '1.5'"),
 ])
 def test_bench_refuses_counts_it_cannot_run_before_it_starts(argv, says, capsys):
     from sparkcep import cli as sparkcep_cli

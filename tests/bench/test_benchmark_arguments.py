@@ -1,6 +1,7 @@
 """The benchmark scripts refuse a count they cannot run in argparse's one line, naming the argument:
 ``--repeat 0`` ended in a StatisticsError traceback, ``--events 0`` in a ZeroDivisionError, ``--sends 0``
-in a ValueError, and ``kernels.py --events 1000000000000`` began making the tuples up front."""
+in a ValueError, ``migration.py --keys 0`` in numpy's, and ``kernels.py --events 1000000000000`` began making
+the tuples up front."""
 
 import importlib.util
 from pathlib import Path
@@ -20,6 +21,18 @@ REFUSED = [
     ("exchange.py", ["--repeat", "0"], "argument --repeat: must be from 1 to 100, got 0"),
     ("nexmark.py", ["--events", "0"], "argument --events: must be 1 or more, got 0"),
     ("nexmark.py", ["--workers", "-1"], "argument --workers: must be 0 or more, got -1"),
+    ("migration.py", ["--repeat", "0"], "argument --repeat: must be from 1 to 100, got 0"),
+    ("migration.py", ["--keys", "0"], "argument --keys: must be from 1 to 10,000,000, got 0"),
+    ("migration.py", ["--bins", "16,24"], "argument --bins: bin counts must be powers of two, got 24"),
+    ("replication.py", ["--rounds", "0"], "argument --rounds: must be from 1 to 100, got 0"),
+    ("replication.py", ["--keys", "1e4,1.5"], "argument --keys: expected an integer, got '1.5'"),
+    ("channels.py", ["--runs", "0"], "argument --runs: must be from 1 to 100, got 0"),
+    ("bin_moves.py", ["--keys", "0"], "argument --keys: must be from 1 to 10,000,000, got 0"),
+    ("runtime.py", ["--rows", "0"], "argument --rows: must be from 1 to 50,000,000, got 0"),
+    ("spark_pipeline.py", ["--events", "0"], "argument --events: must be from 1 to 20,000,000, got 0"),
+    ("spark_source.py", ["--rows", "0"], "argument --rows: must be from 1 to 100,000,000, got 0"),
+    ("ab.py", ["a", "b", "--runs", "0"], "argument --runs: must be from 1 to 100, got 0"),
+    ("first_use.py", ["--repeat", "0"], "unrecognized arguments: --repeat 0"),
 ]
 
 
@@ -45,3 +58,10 @@ def test_a_benchmark_refuses_more_workers_than_the_machine_runs_before_starting_
     assert script(name).main(["--workers", "1000000", "--no-spark"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: 1000000 instance managers on ") and err[-1].endswith("[CAPACITY]"), err
+
+
+def test_a_count_may_be_written_in_float_notation_when_it_is_whole():
+    """``--keys 1e5`` is how the migration benchmark's docs write a key count."""
+    parse = script("migration.py").parse_args
+    assert parse(["--keys", "1e5,2000", "--tput-keys", ""]).keys == [100_000, 2_000]
+    assert parse(["--quick"]).keys == [100_000] and parse([]).keys == [100_000, 1_000_000, 10_000_000]
