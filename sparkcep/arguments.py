@@ -16,7 +16,7 @@ import inspect
 import math
 import operator
 
-from sparkcep.errors import QueryError
+from sparkcep.errors import EngineError, QueryError
 
 CODE = "UNKNOWN_ARGUMENT"
 
@@ -161,3 +161,16 @@ def bounded_list(kind, minimum, maximum=None):
             raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
         return [one(t) for t in items]
     return parse
+
+
+def host_port(listen: str, code: str = "BAD_LISTEN") -> tuple[str, int]:
+    """``(host, port)`` of an address to listen on, ``"HOST:PORT"`` (``"[::1]:PORT"`` too; port 0: any free
+    one); EngineError ``code`` when it is not one."""
+    host, sep, port = listen.rpartition(":") if isinstance(listen, str) else ("", "", "")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise EngineError(f"listen={listen!r}: expected HOST:PORT with a port 0-65535 (0: any free port), "
+                          "e.g. '127.0.0.1:0'; other hosts reach it only on an explicit address such as "
+                          "'0.0.0.0:PORT'", code)
+    return host, int(port)

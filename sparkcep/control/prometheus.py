@@ -33,6 +33,7 @@ from prometheus_client import CollectorRegistry, generate_latest, start_http_ser
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from sparkcep.arguments import host_port
 from sparkcep.errors import EngineError, SparkcepError
 from sparkcep.replication.replicas import CATCHING_UP, FAILED, RUNNING
 
@@ -100,18 +101,6 @@ def exposition(metrics: Callable[[], dict]) -> str:
     return generate_latest(registry(metrics)).decode()
 
 
-def parse_listen(listen: str) -> tuple[str, int]:
-    """``(host, port)`` of ``"HOST:PORT"`` (``"[::1]:PORT"`` too); EngineError ``BAD_LISTEN`` otherwise."""
-    host, sep, port = listen.rpartition(":") if isinstance(listen, str) else ("", "", "")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise EngineError(f"listen={listen!r}: expected HOST:PORT with a port 0-65535 (0: any free port), "
-                          "e.g. '127.0.0.1:9464'; serving other hosts takes an explicit '0.0.0.0:PORT'",
-                          "BAD_LISTEN")
-    return host, int(port)
-
-
 def serve(metrics: Callable[[], dict], listen: str = "127.0.0.1:0") -> tuple[MetricsServer, str]:
     """Serve ``metrics()`` in Prometheus text format at ``http://ADDRESS/metrics`` until ``server.shutdown()``.
 
@@ -120,7 +109,7 @@ def serve(metrics: Callable[[], dict], listen: str = "127.0.0.1:0") -> tuple[Met
     ``BAD_LISTEN`` for an address that does not parse or a host that does not
     resolve, ``LISTEN_FAILED`` when the address cannot be bound (in use, not ours).
     """
-    host, port = parse_listen(listen)
+    host, port = host_port(listen)
     try:
         httpd, thread = start_http_server(port, addr=host, registry=registry(metrics))
     except socket.gaierror as e:

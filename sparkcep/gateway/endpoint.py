@@ -76,6 +76,7 @@ import numpy as np
 import pyarrow as pa
 
 from sparkcep import auth
+from sparkcep.arguments import host_port
 from sparkcep.deployed import CALLS
 from sparkcep.gateway import discovery
 from sparkcep.gateway.deployed import from_wire, options_from_wire, to_wire
@@ -453,10 +454,11 @@ class Endpoint:
 def start_endpoint(engine, listen: str = "127.0.0.1:0", publish: bool = True) -> Endpoint:
     """Serve ``engine`` on ``listen`` (``host:port``; port 0: any free one), what :meth:`sparkcep.Engine.local`
     calls. Loopback unless the caller opts for an address other hosts reach."""
-    host, sep, port = listen.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise EngineError(f"listen={listen!r}: expected host:port, e.g. '127.0.0.1:0'", "OPTION")
-    return Endpoint(engine, host, int(port), publish=publish)
+    host, port = host_port(listen, "OPTION")
+    try:
+        return Endpoint(engine, host, port, publish=publish)
+    except OSError as e:  # a host that does not resolve, a port in use or not ours
+        raise EngineError(f"listen={listen!r}: cannot listen there: {e.strerror or e}", "LISTEN_FAILED") from None
 
 
 def _form(h: dict) -> str:

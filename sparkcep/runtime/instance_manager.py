@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from sparkcep import auth
+from sparkcep.arguments import host_port
 from sparkcep.errors import EngineError, OperatorError
 from sparkcep.query.planner import plan
 from sparkcep.runtime import commands as cmd
@@ -351,10 +352,7 @@ def _peer(s: socket.socket) -> str:
 
 
 def _listen(spec: str) -> socket.socket:
-    host, sep, port = spec.rpartition(":")
-    if not sep or not port.isdigit():
-        raise EngineError(f"--listen {spec!r}: expected HOST:PORT (port 0: any free port)", "OPTION")
-    return socket.create_server((host or "127.0.0.1", int(port)))
+    return socket.create_server(host_port(spec, "OPTION"))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

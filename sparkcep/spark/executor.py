@@ -114,8 +114,9 @@ def listen_address(listen: str | None, index: int) -> str:
             raise EngineError(f"listen=host: this host's name {socket.gethostname()!r} has no address ({e}); "
                               "set SPARK_LOCAL_IP or spark.sparkcep.listen=HOST", "LISTEN") from None
     host, sep, port = listen.rpartition(":") if ":" in listen else (listen, ":", "0")
-    if not host or not port.isdigit():
-        raise EngineError(f"listen {listen!r}: expected loopback, host or HOST[:PORT]", "LISTEN")
+    if not host or not port.isdigit() or int(port) + index > 65535:
+        raise EngineError(f"listen {listen!r}: expected loopback, host or HOST[:PORT] (worker {index} listens on "
+                          "PORT + its index, at most 65535)", "LISTEN")
     return f"{host}:{int(port) + index if int(port) else 0}"
 
 

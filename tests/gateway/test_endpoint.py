@@ -53,6 +53,16 @@ def test_published_while_open_and_removed_at_close(home):
     assert err.value.code == "ENGINE_NOT_FOUND"
 
 
+@pytest.mark.parametrize("listen,code", [("127.0.0.1:70000", "OPTION"), ("127.0.0.1", "OPTION"),
+                                         ("no-such-host.invalid:0", "LISTEN_FAILED")])
+def test_an_address_the_engine_cannot_listen_on_is_refused_naming_it(home, listen, code):
+    """A port past 65535 raised Python's OverflowError, a host that does not resolve a socket.gaierror."""
+    with pytest.raises(EngineError) as e:
+        cep.Engine.local(listen=listen)
+    assert e.value.code == code and repr(listen) in str(e.value)
+    assert not (home / "local.json").exists()
+
+
 def test_stale_file_of_a_dead_process_is_reported(home):
     (home / "local.json").write_text(json.dumps({"address": "127.0.0.1:1", "pid": 2**22 + 17}))
     with pytest.raises(EngineNotFoundError, match="no longer running"):

@@ -82,3 +82,15 @@ def test_a_worker_that_dies_at_start_is_named_at_once():
         wait_ready([Starting(p, "instance manager im-3 (cpu 0)")], tell=lambda *a: None)
     assert e.value.code == "WORKER_START" and "im-3 (cpu 0)" in str(e.value) and "code 3" in str(e.value)
     assert time.monotonic() - t0 < 3
+
+
+@pytest.mark.parametrize("listen", ["127.0.0.1:99999", "127.0.0.1"])
+def test_a_worker_refuses_an_address_it_cannot_listen_on_in_one_line(tmp_path, listen):
+    """``--listen 127.0.0.1:99999`` ended in an OverflowError traceback."""
+    token = auth.write(tmp_path / "token", auth.generate())
+    out = subprocess.run([sys.executable, "-m", "sparkcep", "worker", "--token-file", str(token), "--once",
+                          "--listen", listen], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.strip().splitlines() == [f"sparkcep worker: listen={listen!r}: expected HOST:PORT with a port "
+                                               "0-65535 (0: any free port), e.g. '127.0.0.1:0'; other hosts reach "
+                                               "it only on an explicit address such as '0.0.0.0:PORT'"]
