@@ -111,6 +111,8 @@ def _bins(words: list[str]) -> list[int]:
         if not part:
             continue
         first, dash, last = part.partition("-")
+        if not first:
+            raise QueryError(f"bin {part!r}: bins are from 0 to {MAX_BINS - 1} (a range: first-last)", "BAD_BIN")
         a = _number(first, "a bin", int, "BAD_BIN")
         b = _number(last, "a bin", int, "BAD_BIN") if dash else a
         if b < a:

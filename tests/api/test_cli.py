@@ -96,6 +96,7 @@ def test_refusals_print_the_code_and_change_nothing(cluster):
             (["migrate", "clicks", "per_ip", "--bins", "0", "--to", "5"], "BAD_INSTANCE", "does not exist"),
             (["migrate", "clicks", "per_ip", "--bins", "0-3", "--to", "1", "0"], "BAD_INSTANCE", "one per bin"),
             (["migrate", "clicks", "per_ip", "--bins", "x", "--to", "1"], "BAD_BIN", "a bin must be an integer"),
+            (["migrate", "clicks", "per_ip", "--bins", "-1", "--to", "1"], "BAD_BIN", "bin '-1': bins are from 0"),
             (["migrate", "clicks", "per_ip"], "BAD_OPTION", "--bins ... --to ..."),
             (["migrate", "clicks", "per_ip", "--file", "/nonexistent"], "BAD_OPTION", "cannot read"),
             (["undeploy", "clickz"], "UNKNOWN_QUERY", "did you mean 'clicks'"),
