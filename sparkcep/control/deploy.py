@@ -18,6 +18,7 @@ import runpy
 import sys
 
 from sparkcep import auth
+from sparkcep.arguments import bounded
 from sparkcep.errors import SparkcepError
 
 
@@ -27,9 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     if parser.prog.split()[-1] == "undeploy":
         parser.add_argument("query", metavar="QUERY", help="the deployed query's name")
         return
-    parser.add_argument("--parallelism", type=int, default=1, help="instances per sub-query (default 1)")
-    parser.add_argument("--bins", type=int, default=128, help="bins per stateful operator (a power of two)")
-    parser.add_argument("--replicas", type=int, default=1, help="active replicas of the query (default 1)")
+    parser.add_argument("--parallelism", type=bounded(int, 1), default=1, help="instances per sub-query (default 1)")
+    parser.add_argument("--bins", type=bounded(int, 1), default=128, help="bins per stateful operator (a power of two)")
+    parser.add_argument("--replicas", type=bounded(int, 1), default=1, help="active replicas of the query (default 1)")
     parser.add_argument("file", metavar="QUERY.py", help="a Python file defining `query`, a sparkcep.Query")
 
 

@@ -18,19 +18,30 @@ each with its reason and outcome.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
 
+from sparkcep.arguments import bounded
 from sparkcep.errors import SparkcepError
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("--engine", default=None, help="host:port of the engine (default: the local engine)")
     parser.add_argument("--json", action="store_true", help="print the raw metrics as JSON")
-    parser.add_argument("--watch", type=float, default=0, metavar="SECONDS", help="repeat every SECONDS")
+    parser.add_argument("--watch", type=_interval, default=0, metavar="SECONDS",
+                        help="repeat every SECONDS (0.1 to 86400; default 0: once)")
     parser.add_argument("--zk", default=None, metavar="HOST:PORT/PATH",
                         help="show a cluster from its registry: orchestrators, instance managers, deployments")
+
+
+def _interval(text: str) -> float:
+    """``--watch``: 0 (once), or 0.1 to 86400 seconds between two reports."""
+    seconds = bounded(float, 0, 86_400)(text)
+    if 0 < seconds < 0.1:
+        raise argparse.ArgumentTypeError(f"must be 0 (once) or from 0.1 to 86,400, got {text}")
+    return seconds
 
 
 def run(args) -> int:

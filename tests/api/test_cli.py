@@ -158,3 +158,21 @@ def test_a_deploy_needing_more_workers_than_joined_says_so_after_one_wait(cluste
     assert e.value.code == "NOT_ENOUGH_WORKERS" and time.monotonic() - started < 10
     with pytest.raises(cep.QueryError):
         cluster.engine.deployment("five")  # nothing was deployed
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["deploy", "q.py", "--zk", "127.0.0.1:1/x", "--token-file", "t", "--parallelism", "0"],
+     "argument --parallelism: must be 1 or more, got 0"),
+    (["deploy", "q.py", "--zk", "127.0.0.1:1/x", "--token-file", "t", "--replicas", "-1"],
+     "argument --replicas: must be 1 or more, got -1"),
+    (["status", "--watch", "-1"], "argument --watch: must be from 0 to 86,400, got -1"),
+    (["status", "--watch", "0.001"], "argument --watch: must be 0 (once) or from 0.1 to 86,400, got 0.001"),
+])
+def test_a_count_no_command_can_use_is_refused_before_reaching_anything(argv, says, capsys):
+    """``status --watch -1`` ended in time.sleep's ValueError traceback, ``--watch 0.001`` asked the engine
+    for its metrics a thousand times a second; ``deploy --parallelism 0`` waited for ZooKeeper first."""
+    from sparkcep import cli
+    with pytest.raises(SystemExit) as stop:
+        cli.main(argv)
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"sparkcep {argv[0]}: error: {says}"
