@@ -111,6 +111,8 @@ class Lit(Expr):
         elif isinstance(value, bool):
             self.kind = "bool"
         elif isinstance(value, int):
+            if not -2**63 <= value < 2**63:
+                raise QueryError(f"integer literal {value} does not fit in int64, the engine's integer type")
             self.kind = "int64"
         elif isinstance(value, float):
             self.kind = "float64"
@@ -216,11 +218,14 @@ class StartsWith(Expr):
         return f"{self.operand!r}.startswith({self.prefix!r})"
 
 
+MAX_PART = 2**31 - 1  # a string holds fewer bytes than this (Arrow's 32-bit offsets), so fewer fields
+
+
 class SplitPart(Expr):
     def __init__(self, operand: Expr, delimiter: str, part: int):
         if not isinstance(delimiter, str):
             raise QueryError(f"split_part takes a str delimiter, got {delimiter!r}")
-        part = integer(part, "split_part's part number (from 1, or from -1 at the end)")
+        part = integer(part, "split_part's part number (from 1, or from -1 at the end)", -MAX_PART, MAX_PART)
         if part == 0:
             raise QueryError("split_part takes a part number from 1 (or from -1 at the end), got 0")
         self.operand, self.delimiter, self.part = operand, delimiter, part

@@ -2,6 +2,7 @@
 
 import datetime as dt
 
+import numpy as np
 import pytest
 
 import sparkcep as cep
@@ -63,6 +64,23 @@ def test_bad_literals_and_arguments():
         col(3)
     with pytest.raises(cep.QueryError):
         col("k").startswith(1)
+
+
+@pytest.mark.parametrize("make,says", [
+    (lambda: col("v") > 10**20, "integer literal 100000000000000000000 does not fit in int64"),
+    (lambda: col("v") == 2**63, "integer literal 9223372036854775808 does not fit in int64"),
+    (lambda: col("v") * np.uint64(2**64 - 1), "integer literal 18446744073709551615 does not fit in int64"),
+    (lambda: col("k").split_part(",", 2**40), "must be <= 2147483647, got 1099511627776"),
+])
+def test_a_number_past_the_engine_s_integers_is_refused_where_the_query_is_written(make, says):
+    """They failed the deployment at its first row: numba's TypingError, or Python's OverflowError."""
+    with pytest.raises(cep.QueryError) as e:
+        make()
+    assert says in str(e.value)
+
+
+def test_the_largest_int64_literals_are_taken():
+    assert lit(2**63 - 1).value == 2**63 - 1 and lit(np.int64(-2**63)).value == -2**63
 
 
 def test_datetime_literals_are_utc_microseconds():
