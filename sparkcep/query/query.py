@@ -21,9 +21,7 @@ class Query:
     """
 
     def __init__(self, name: str):
-        if not isinstance(name, str) or not name:
-            raise QueryError(f"a query needs a non-empty name, got {name!r}")
-        self.name = name
+        self.name = _name("a query", name)
         self.operators: list[Operator] = []
         self.sources: dict[str, Source] = {}
         self.outputs: dict[str, Operator] = {}
@@ -38,6 +36,7 @@ class Query:
         watermark (the largest event time taken so far) is refused with an
         ``InputError`` (code ``TIME_AHEAD``); ``None``: no bound.
         """
+        name = _name("a stream", name)
         if name in self.sources:
             raise QueryError(f"stream {name!r} is declared twice in query {self.name!r}")
         schema = as_schema(schema)
@@ -53,6 +52,7 @@ class Query:
     @checked()
     def output(self, name: str, stream: Stream) -> None:
         """Publish ``stream`` as the output stream ``name`` (read with Engine.collect/subscribe)."""
+        name = _name("an output", name)
         if not isinstance(stream, Stream) or stream.op.query is not self:
             raise QueryError(f"output {name!r}: expected a stream of query {self.name!r}, got {stream!r}")
         if name in self.outputs or name in self.sources:
@@ -83,3 +83,10 @@ class Query:
 
     def __repr__(self):
         return f"Query({self.name!r}, streams={list(self.sources)}, outputs={list(self.outputs)})"
+
+
+def _name(what: str, name) -> str:
+    """``name`` of a query, stream or output: a str with something in it besides spaces."""
+    if not isinstance(name, str) or not name.strip():
+        raise QueryError(f"{what} needs a non-empty name, got {name!r}")
+    return name

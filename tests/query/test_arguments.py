@@ -54,3 +54,14 @@ def test_function_outputs_named_freely_stay_valid(s):
     """An output field named like no argument is still a function's output name."""
     out = s.aggregate(cep.TimeWindow("10s"), by="ip", total=cep.sum("v"), bytes=cep.count())
     assert out.schema.names == ["window_start", "window_end", "ip", "total", "bytes"]
+
+
+@pytest.mark.parametrize("declare", [lambda q: q.stream("", "k string"), lambda q: q.stream(" ", "k string"),
+                                     lambda q: q.stream(5, "k string"),
+                                     lambda q: q.output("", q.stream("a", "k string")),
+                                     lambda q: q.output(None, q.stream("a", "k string"))])
+def test_a_stream_or_output_needs_a_name(declare):
+    """A stream named 5 or '' was taken (a query named '' was not), and nothing could send to it by name."""
+    with pytest.raises(cep.QueryError) as e:
+        declare(cep.Query("q"))
+    assert "needs a non-empty name" in str(e.value)
