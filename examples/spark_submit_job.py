@@ -28,10 +28,12 @@ import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
 import sparkcep as cep
+from sparkcep.arguments import bounded
 from sparkcep.bench import workloads
-from sparkcep.bench.generator import UserVisits
+from sparkcep.bench.generator import MAX_IPS, UserVisits
 
 T0_US = 1_704_067_200_000_000  # 2024-01-01 00:00:00 UTC
+MAX_EVENTS = 50_000_000  # made a file at a time: 200 bytes a record
 
 
 def make_input(directory: Path, events: int, files: int, rate: float, ips: int, seed: int) -> None:
@@ -49,10 +51,10 @@ def main(argv=None) -> int:
     ap.add_argument("--output", required=True, help="Parquet directory of the fixwindow results")
     ap.add_argument("--input", default=None, help="Parquet directory of input records (generated if empty)")
     ap.add_argument("--checkpoints", default=None, help="checkpoint directory (default: a temporary one)")
-    ap.add_argument("--events", type=int, default=200_000)
-    ap.add_argument("--files", type=int, default=4)
-    ap.add_argument("--rate", type=float, default=10_000, help="records/s of event time in the input")
-    ap.add_argument("--ips", type=int, default=100)
+    ap.add_argument("--events", type=bounded(int, 1, MAX_EVENTS), default=200_000)
+    ap.add_argument("--files", type=bounded(int, 1, 10_000), default=4)
+    ap.add_argument("--rate", type=bounded(float, 1), default=10_000, help="records/s of event time in the input")
+    ap.add_argument("--ips", type=bounded(int, 1, MAX_IPS), default=100)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
 
