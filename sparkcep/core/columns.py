@@ -25,12 +25,16 @@ def stamp(batch: pa.RecordBatch, first_seq: int, times: pa.Array | None, waterma
     None without one: zeros), and the source's ``watermark`` from before the batch on every row.
 
     One ``from_arrays`` with a schema made once per input schema, the event times a view of the
-    time field's buffer, the ids a slice of one array of zeros (four ``append_column`` calls and a
-    cast: 25 us a 100-row send, this 16).
+    time field's buffer, the ids a slice of one array of zeros, the sequence numbers and the
+    watermark two views of one buffer (four ``append_column`` calls and a cast: 25 us a 100-row
+    send; an array each for the sequence numbers and the watermark: 16 us; this 12).
     """
     n = batch.num_rows
-    seq = pa.array(np.arange(first_seq, first_seq + n, dtype=np.int64))
-    wm = pa.array(np.full(n, watermark, np.int64))
+    block = np.empty(2 * n, np.int64)
+    np.add(_iota(n), first_seq, out=block[:n])
+    block[n:] = watermark
+    buf = pa.py_buffer(block)
+    seq, wm = (pa.Array.from_buffers(_INT64, n, [None, buf], offset=at) for at in (0, n))
     return pa.RecordBatch.from_arrays([*batch.columns, seq, _zeros(n), _zeros(n) if times is None else times, wm],
                                       schema=_stamped(batch.schema))
 
@@ -55,6 +59,15 @@ def _stamped(schema: pa.Schema) -> pa.Schema:
 
 
 _ZEROS = [pa.array(np.zeros(1 << 16, np.int64))]  # grown on demand; slices of it are the source's ids
+_IOTA = [np.arange(1 << 16, dtype=np.int64)]  # grown on demand: 0, 1, 2, ...
+_INT64 = pa.int64()
+
+
+def _iota(n: int) -> np.ndarray:
+    """0 .. n-1 as int64, a view of one array."""
+    if len(_IOTA[0]) < n:
+        _IOTA[0] = np.arange(n, dtype=np.int64)
+    return _IOTA[0][:n]
 
 
 def _zeros(n: int) -> pa.Array:
