@@ -234,8 +234,8 @@ class ConnectedEngine:
     def _await_members(self, needed: int, wanted: int) -> None:
         """Wait until ``needed`` instance managers are members (one per replica), and then, to spread the
         instances, until ``wanted`` are, or none joined for :data:`SETTLE_S` (workers started together join
-        within seconds of each other); saying what it waits for. NOT_ENOUGH_WORKERS naming how many joined
-        if fewer than ``needed`` did within :data:`MEMBERS_WAIT_S`."""
+        within seconds of each other); saying so every 3 s while fewer than ``needed`` joined.
+        NOT_ENOUGH_WORKERS naming how many joined if fewer than ``needed`` did within :data:`MEMBERS_WAIT_S`."""
         deadline, told, last, seen = time.monotonic() + MEMBERS_WAIT_S, time.monotonic(), time.monotonic(), -1
         while True:
             joined, now = len(self.registry.children(tree.MEMBERS)), time.monotonic()
@@ -246,11 +246,10 @@ class ConnectedEngine:
             if now > deadline:  # the data path would wait as long again before saying so
                 raise EngineError(f"{joined} of the {needed} instance managers needed serve this engine after "
                                   f"{MEMBERS_WAIT_S:.0f} s (start more: sparkcep worker)", "NOT_ENOUGH_WORKERS")
-            if now - told > 3:
+            if joined < needed and now - told > 3:  # with enough, it waits at most SETTLE_S more: nothing to say
                 told = now
-                log.warning("waiting for instance managers to join the cluster: %d joined, %d needed%s (up to %.0f "
-                            "s more)", joined, needed, f", {wanted} to spread the instances" if wanted > needed
-                            else "", deadline - now)
+                log.warning("waiting for instance managers to join the cluster: %d joined, %d needed (up to %.0f "
+                            "s more)", joined, needed, deadline - now)
             time.sleep(POLL_S)
 
     def deployment(self, name: str) -> ClientDeployed:

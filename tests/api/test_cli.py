@@ -176,3 +176,19 @@ def test_a_count_no_command_can_use_is_refused_before_reaching_anything(argv, sa
         cli.main(argv)
     assert stop.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == f"sparkcep {argv[0]}: error: {says}"
+
+
+def test_a_deploy_with_the_workers_it_needs_does_not_warn_while_it_waits_to_spread(cluster, monkeypatch, caplog):
+    """Three instances on two workers: it waits SETTLE_S for a third to join, silently; it said "waiting for
+    instance managers ... (up to 57 s more)" as if the deploy could take a minute."""
+    from sparkcep.control import connect
+
+    monkeypatch.setattr(connect, "SETTLE_S", 3.5)
+    q = cep.Query("spread")
+    q.output("spread_out", q.stream("spread_in", "k string, ts timestamp").map(k="k", ts="ts"))
+    with caplog.at_level(logging.WARNING, "sparkcep"):
+        cluster.engine.deploy(q, parallelism=3)
+    try:
+        assert not [r for r in caplog.records if "waiting for instance managers" in r.getMessage()], caplog.text
+    finally:
+        cluster.engine.undeploy("spread")
