@@ -334,9 +334,10 @@ class Engine:
                 left = [d for d in self.streams.get(stream, []) if d is not dep]
                 if left:
                     self.streams[stream] = left
-                else:
+                else:  # the stream is gone: a deploy reading it again starts it afresh
                     self.streams.pop(stream, None)
                     self._ended.discard(stream)
+                    self.sent.forget(stream)
             dep.close()
 
     # --- input -------------------------------------------------------------------
@@ -347,7 +348,8 @@ class Engine:
         ``send_id``: a string naming this send, taken once: sent again with the
         same id and as many rows (a retry after a lost reply), nothing is taken
         and the rows the first one took are returned; with another number of
-        rows it is refused (``SEND_ID_REUSED``)."""
+        rows it is refused (``SEND_ID_REUSED``). The ids of a stream are
+        forgotten when the last query reading it is undeployed."""
         if send_id is None:
             return self._take(stream, data)
         return self._send_once(stream, data, send_id_of(send_id))[0]

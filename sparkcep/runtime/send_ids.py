@@ -25,6 +25,11 @@ class SendIds:
         """The rows send ``send_id`` of ``stream`` took, or None if it is not known."""
         return self._rows.get((stream, send_id))
 
+    def forget(self, stream: str) -> None:
+        """Forget the ids of ``stream`` (no deployment reads it any more; a cluster's journal drops its sends)."""
+        for key in [k for k in self._rows if k[0] == stream]:
+            del self._rows[key]
+
     def add(self, stream: str, send_id: str, rows: int) -> None:
         self._rows[stream, send_id] = rows
         while len(self._rows) > self.keep:

@@ -306,6 +306,19 @@ def test_a_send_id_is_taken_once_everywhere(api):
         d.end_and_check()
 
 
+def test_a_query_deployed_again_takes_the_send_ids_its_former_deployment_took(api):
+    """Undeployed, a query's stream and outputs are gone; deployed again, a replay of its input under the same
+    send ids was answered as taken and dropped (a cluster's standby, whose journal forgot them, took them)."""
+    for run in range(2):
+        with Deployment(api, "again", parallelism=2, bins=BINS) as d:
+            for i in range(3):
+                df = frame(i)
+                d.frames.append(df)
+                assert api.engine.send(d.stream, df, send_id=f"part-{i}") == SEND_ROWS
+            assert api.engine.send(d.stream, frame(2), send_id="part-2") == SEND_ROWS  # a retry: taken once
+            d.end_and_check()
+
+
 def test_absurd_counts_are_refused_at_once_and_the_engine_goes_on(api):
     with Deployment(api, "absurd", parallelism=2, bins=16384) as d:
         d.send()
