@@ -430,7 +430,8 @@ def join(zk: str, im: InstanceManager, token: str):
     from sparkcep.control.registry import open_registry
     info = vars(im.info())
     registry = open_registry(zk if zk.startswith("zk://") else f"zk://{zk}", token=token, session_timeout=2.0)
-    return Membership(registry, im.name, {k: info[k] for k in ("name", "address", "host", "pid", "cpus", "node")})
+    return Membership(registry, im.name, {k: info[k] for k in ("name", "address", "host", "pid", "cpus", "node")},
+                      say=lambda text: print(f"STARTING {text}", flush=True))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -227,3 +227,27 @@ def test_status_shows_where_each_replica_runs(cluster):
     finally:
         engine.undeploy("pair")
         engine.close()
+
+
+def test_a_worker_started_again_at_once_under_its_name_waits_out_the_dead_ones_session(cluster):
+    """A supervisor's restart: the dead worker's document stays until its session expires; the new one waits
+    for that instead of failing. A live holder of the name is refused at once."""
+    c = cluster
+    old = c.procs["w2"]
+    old.kill()
+    old.wait()
+    old.stdout.close()
+    assert (c.registry.get(tree.member("w2")) or {}).get("pid") == old.pid  # its session is still open
+    new = c.start("w2", "worker", "--cpus", "0")
+    assert c.registry.get(tree.member("w2"))["pid"] == new.pid
+    engine = cep.Engine.connect(f"zk://{c.zk}", token_file=str(c.token_file))
+    try:
+        wait(lambda: any(im["name"] == "w2" and im["pid"] == new.pid for im in engine.instance_managers()),
+             "the engine host to adopt the new w2", 20)
+    finally:
+        engine.close()
+    t0 = time.monotonic()
+    twin = subprocess.run([sys.executable, "-m", "sparkcep", "worker", "--zk", c.zk, "--name", "w0", "--cpus", "0",
+                           "--token-file", str(c.token_file)], env=ENV, text=True, capture_output=True, timeout=120)
+    assert twin.returncode == 1 and "[MEMBER_EXISTS]" in twin.stderr, twin.stderr
+    assert "waiting" not in twin.stdout and time.monotonic() - t0 < 60, (twin.stdout, time.monotonic() - t0)
