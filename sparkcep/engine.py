@@ -16,7 +16,6 @@ import logging
 import threading
 import uuid
 
-import numpy as np
 import pyarrow as pa
 
 from sparkcep import auth
@@ -377,19 +376,20 @@ class Engine:
         if not batches:
             return 0
         times = columns.event_times(batches, src.time_field)
+        peaks = None if times is None else columns.peaks(times)
         with self._lock:
             if times is not None:
                 seen = max(dep.sources[stream].max_ts for dep in deps)
-                ts = [t.to_numpy() for t in times]
-                check_event_times(stream, src.time_field, ts[0] if len(ts) == 1 else np.concatenate(ts),
-                                  None if seen == WM_NONE else seen, src.max_ahead_us)
-            return self._send(stream, deps, batches, src.time_field, key, times)
+                check_event_times(stream, src.time_field, times, peaks, None if seen == WM_NONE else seen,
+                                  src.max_ahead_us)
+            return self._send(stream, deps, batches, src.time_field, key, times, peaks)
 
     def _send(self, stream: str, deps: list[Deployment], batches: list[pa.RecordBatch], time_field: str | None,
-              key=None, times: list[pa.Array] | None = None) -> int:
+              key=None, times: list[pa.Array] | None = None, peaks: list[int] | None = None) -> int:
         """Stamp ``batches`` (sequence numbers, event time, the watermark from before them) and hand them
-        to ``deps`` as one epoch, all or nothing. ``times``: their event times, when the caller has them
-        (:func:`~sparkcep.core.columns.event_times`).
+        to ``deps`` as one epoch, all or nothing. ``times`` and ``peaks``: their event times and the
+        largest of each batch, when the caller has them (:func:`~sparkcep.core.columns.event_times`,
+        :func:`~sparkcep.core.columns.peaks`).
 
         Until every deployment's channels hold every batch, any failure
         (a full ring that does not drain, a dead worker, an interrupt) aborts
@@ -400,7 +400,8 @@ class Engine:
         n = sum(b.num_rows for b in batches)
         if times is None:
             times = columns.event_times(batches, time_field)
-        peaks = [0] * len(batches) if times is None else [int(t.to_numpy().max()) for t in times]
+        if peaks is None:
+            peaks = [0] * len(batches) if times is None else columns.peaks(times)
         for dep in deps:
             dep.check()
         if self.journal is not None:

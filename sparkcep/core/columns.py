@@ -36,7 +36,8 @@ def stamp(batch: pa.RecordBatch, first_seq: int, times: pa.Array | None, waterma
     block[n:] = watermark
     buf = pa.py_buffer(block)
     seq, wm = (pa.Array.from_buffers(_INT64, n, [None, buf], offset=at) for at in (0, n))
-    return pa.RecordBatch.from_arrays([*batch.columns, seq, _zeros(n), _zeros(n) if times is None else times, wm],
+    zeros = _zeros(n)
+    return pa.RecordBatch.from_arrays([*batch.columns, seq, zeros, zeros if times is None else times, wm],
                                       schema=_stamped(batch.schema))
 
 
@@ -51,6 +52,11 @@ def as_int64(times: pa.Array) -> pa.Array:
 def event_times(batches: list[pa.RecordBatch], time_field: str | None) -> list[pa.Array] | None:
     """Each batch's event times as int64 (:func:`as_int64`), or None for a stream without a time field."""
     return None if time_field is None else [as_int64(b.column(time_field)) for b in batches]
+
+
+def peaks(times: list[pa.Array]) -> list[int]:
+    """The largest event time of each of ``times`` (:func:`event_times`; none empty)."""
+    return [int(t.to_numpy().max()) for t in times]
 
 
 @functools.lru_cache(maxsize=64)

@@ -156,18 +156,20 @@ def _first_bad(values, target) -> str:
     return ""
 
 
-def check_event_times(stream: str, time_field: str, ts: np.ndarray, watermark: int | None,
-                      max_ahead_us: int | None) -> None:
+def check_event_times(stream: str, time_field: str, times: list[pa.Array], peaks: list[int],
+                      watermark: int | None, max_ahead_us: int | None) -> None:
     """Refuse event times more than ``max_ahead_us`` ahead of the stream's ``watermark``.
 
+    ``times``: the event times of a send's batches (int64), ``peaks`` the largest of each;
     ``watermark``: the largest event time the stream took so far (None before
-    its first tuple: then the batch's earliest time is the reference). One
+    its first tuple: then the send's earliest time is the reference). One
     event dated centuries ahead would otherwise make every later one late.
     """
-    if max_ahead_us is None or ts.size == 0:
+    if max_ahead_us is None or not peaks:
         return
-    ref = int(ts.min()) if watermark is None else watermark
-    if ts.max() > ref + max_ahead_us:
+    ref = min(int(t.to_numpy().min()) for t in times) if watermark is None else watermark
+    if max(peaks) > ref + max_ahead_us:
+        ts = np.concatenate([t.to_numpy() for t in times])
         row = int(np.argmax(ts > ref + max_ahead_us))
         at, base = _iso(int(ts[row])), _iso(ref)
         what = "the stream's watermark" if watermark is not None else "the batch's earliest event time"

@@ -347,7 +347,7 @@ class RingProducer(Producer):
         if isinstance(body, pa.RecordBatch):
             self._write_batch(body, head, at, pos + need)
         elif body is not None:
-            ring.bytes[at:at + body.size] = np.frombuffer(body, np.uint8)
+            ring.view[at:at + body.size] = memoryview(body).cast("B")
         self.w = w + need
         ring.head[_W] = self.w
         self.bytes_out += need
