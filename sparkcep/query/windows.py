@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 import re
 
 from sparkcep.arguments import checked, integer, scalar
@@ -12,19 +13,24 @@ _UNITS_US = {"us": 1, "ms": 1_000, "s": 1_000_000, "m": 60_000_000, "min": 60_00
              "h": 3_600_000_000, "d": 86_400_000_000}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(us|ms|s|min|m|h|d)\s*$")
 MAX_WINDOWS_A_ROW = 10_000  # windows one row may fall in (size / advance): each costs the row an update
+MAX_DURATION_US = 365_000 * 86_400_000_000  # 1,000 years: an event time plus a few of them stays in int64
 
 
 def duration_us(value, what: str = "duration") -> int:
-    """Microseconds in ``"30s"``, ``"500ms"``, ``"5m"``, a timedelta or a number of seconds (numpy's too)."""
+    """Microseconds in ``"30s"``, ``"500ms"``, ``"5m"``, a timedelta or a number of seconds (numpy's
+    too), up to :data:`MAX_DURATION_US` either way."""
     value = scalar(value)
     if isinstance(value, dt.timedelta):
         us = value // dt.timedelta(microseconds=1)
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+    elif isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
         us = int(round(value * 1_000_000))
     elif isinstance(value, str) and (m := _DURATION.match(value)):
         us = int(round(float(m.group(1)) * _UNITS_US[m.group(2)]))
     else:
         raise QueryError(f"cannot read {what} {value!r}; write e.g. '10s', '500ms', '5m' or a timedelta")
+    if abs(us) > MAX_DURATION_US:
+        raise QueryError(f"{what} {value!r} is longer than {_show(MAX_DURATION_US)} (1,000 years), the longest "
+                         "duration an event time can carry")
     return us
 
 

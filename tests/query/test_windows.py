@@ -20,10 +20,22 @@ def test_durations(value, us):
 
 
 @pytest.mark.parametrize("bad", ["10", "ten s", "10 sec", "-5s", True, None, [1], np.bool_(True),
-                                 np.datetime64("2024-01-01"), np.array([1, 2])])
+                                 np.datetime64("2024-01-01"), np.array([1, 2]), float("inf"), float("nan"),
+                                 np.float64("-inf")])
 def test_bad_durations(bad):
-    with pytest.raises(cep.QueryError):
+    with pytest.raises(cep.QueryError, match="cannot read"):
         duration_us(bad)
+
+
+@pytest.mark.parametrize("make", [lambda: cep.TimeWindow(10**13), lambda: cep.TimeWindow("365001d"),
+                                  lambda: cep.TimeWindow("1d", lateness=dt.timedelta(days=365_001)),
+                                  lambda: cep.TimeWindow(10**30, advance=10**29),
+                                  lambda: cep.Query("q").stream("s", "ts timestamp", max_ahead=np.int64(10**13))])
+def test_a_duration_past_1000_years_is_refused_where_the_query_is_written(make):
+    """A 10^13 s window was taken and its query failed at its first row (OverflowError in the operator)."""
+    with pytest.raises(cep.QueryError, match=r"is longer than 365000d \(1,000 years\)"):
+        make()
+    assert cep.TimeWindow("365000d").size_us == 365_000 * 86_400_000_000
 
 
 def test_time_window_defaults_to_tumbling():
