@@ -355,11 +355,24 @@ def _listen(spec: str) -> socket.socket:
     return socket.create_server(host_port(spec, "OPTION"))
 
 
+def _cpus(text: str) -> list[int]:
+    """``--cpus``: a non-empty CPU list (:func:`~sparkcep.runtime.topology.parse_cpulist`)."""
+    from sparkcep.runtime.topology import parse_cpulist
+    try:
+        cpus = parse_cpulist(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if not cpus:
+        raise argparse.ArgumentTypeError(f"expected at least one CPU, got {text!r}")
+    return cpus
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--listen", default="127.0.0.1:0", metavar="HOST:PORT",
                         help="address to serve on (default 127.0.0.1:0: loopback, any free port); "
                              "an address beyond loopback is reachable from other hosts")
-    parser.add_argument("--cpus", default=None, help="CPUs to pin to, e.g. 3 or 2-3 (default: all allowed)")
+    parser.add_argument("--cpus", default=None, type=_cpus,
+                        help="CPUs to pin to, e.g. 3 or 2-3 (default: all allowed)")
     parser.add_argument("--name", default=None, help="its name in the engine (default: worker-HOST-PORT)")
     parser.add_argument("--token-file", required=True, help="file holding the token every connection must present")
     parser.add_argument("--topology", default=None, help="NUMA topology file (default: this machine's sysfs)")
@@ -371,7 +384,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     """Body of ``sparkcep worker``: pin, warm up, listen, print a READY line, serve until stopped."""
-    from sparkcep.runtime.topology import parse_cpulist
 
     # SIGTERM stops it, and Ctrl-C unless whoever started it ignores Ctrl-C for it (start_worker: the engine
     # or the Spark launcher that started it stops it; a KeyboardInterrupt of theirs must not)
@@ -384,7 +396,7 @@ def run(args) -> int:
     try:
         token = auth.read(args.token_file)
         if args.cpus:
-            pin(parse_cpulist(args.cpus))
+            pin(args.cpus)
         cpus = sorted(os.sched_getaffinity(0))
         node = Topology.load(args.topology).node_of(cpus[0])
         prefer_node(node)

@@ -23,17 +23,22 @@ from sparkcep.errors import EngineError
 SYSFS = "/sys/devices/system/node"
 
 
+MAX_CPU = 65_535  # past any machine's CPU numbers: a typo'd range is not expanded
+
+
 def parse_cpulist(text: str) -> list[int]:
-    """``"0-3,8,10-11"`` -> [0, 1, 2, 3, 8, 10, 11]."""
+    """``"0-3,8,10-11"`` -> [0, 1, 2, 3, 8, 10, 11] (sysfs' format; empty: none); ValueError naming
+    ``text`` when it is not one."""
     out: list[int] = []
     for part in text.strip().split(","):
         if not part:
             continue
-        if "-" in part:
-            a, b = part.split("-")
-            out.extend(range(int(a), int(b) + 1))
-        else:
-            out.append(int(part))
+        first, dash, last = (x.strip() for x in part.partition("-"))
+        if not (first.isdigit() and (last.isdigit() or not dash)) or int(last or first) > MAX_CPU \
+                or int(last or first) < int(first):
+            raise ValueError(f"expected CPUs as in 3, 0-3 or 0-1,4 (numbers up to {MAX_CPU:,}, each range "
+                             f"ascending), got {text!r}")
+        out.extend(range(int(first), int(last or first) + 1))
     return out
 
 

@@ -94,3 +94,15 @@ def test_a_worker_refuses_an_address_it_cannot_listen_on_in_one_line(tmp_path, l
     assert out.stderr.strip().splitlines() == [f"sparkcep worker: listen={listen!r}: expected HOST:PORT with a port "
                                                "0-65535 (0: any free port), e.g. '127.0.0.1:0'; other hosts reach "
                                                "it only on an explicit address such as '0.0.0.0:PORT'"]
+
+
+@pytest.mark.parametrize("cpus,says", [("abc", "expected CPUs as in 3, 0-3 or 0-1,4"), ("1-0", "each range ascending"),
+                                       ("0-99999999999", "numbers up to 65,535"), (",", "at least one CPU")])
+def test_a_worker_refuses_a_cpu_list_it_cannot_read_in_one_line(tmp_path, cpus, says):
+    """``--cpus abc`` ended in "invalid literal for int() with base 10: 'abc'", ``--cpus 1-0`` in "cannot pin
+    to cpu : [Errno 22]", and a typo'd range was expanded into a list of every number in it."""
+    token = auth.write(tmp_path / "token", auth.generate())
+    out = subprocess.run([sys.executable, "-m", "sparkcep", "worker", "--token-file", str(token), "--once",
+                          "--cpus", cpus], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith(
+        "sparkcep worker: error: argument --cpus: ") and says in out.stderr, out.stderr
