@@ -109,7 +109,10 @@ class Cluster:
             self.add("orchestrator")
             return f"leader {name}"
         if kind == "worker":
-            live = [n for n in self.members() if n in self.procs and self.procs[n].poll() is None]
+            # right after a ZooKeeper pause, the workers' documents of their former sessions go when those
+            # expire, and come back a moment later (Presence): none may be listed for that moment
+            live = wait(lambda: [n for n in self.members() if n in self.procs and self.procs[n].poll() is None],
+                        "a worker listed as a member", 10)
             name = (pick or min)(live)
             self.procs[name].kill()
             self.procs[name].wait(10)
