@@ -7,6 +7,7 @@ zookeeper`` itself need the real server. Every wait is bounded.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import select
@@ -273,6 +274,16 @@ def test_open_registry_parses_its_address(zookeeper):
     with pytest.raises(RegistryError) as err:
         open_registry(f"zk://127.0.0.1:{free_port()}/x", timeout=1)
     assert err.value.code == "REGISTRY_UNREACHABLE" and time.monotonic() - started < 5
+
+
+def test_an_unreachable_server_is_said_once_not_per_attempt(caplog):
+    """Connecting to no server raises REGISTRY_UNREACHABLE, without the ZooKeeper client's warning per
+    failed attempt before it (a dozen lines a connect, printed by any program without logging set up)."""
+    with caplog.at_level(logging.INFO), pytest.raises(RegistryError) as err:
+        ZkRegistry(f"127.0.0.1:{free_port()}", "/x", timeout=1.5)
+    assert err.value.code == "REGISTRY_UNREACHABLE"
+    assert not [r for r in caplog.records if r.name.startswith("kazoo") and r.levelno >= logging.WARNING], \
+        [r.getMessage() for r in caplog.records][:3]
 
 
 def test_server_going_away_suspends_then_fails_naming_the_operation(tmp_path):

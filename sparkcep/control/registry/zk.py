@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import threading
 import time
 from typing import Callable
@@ -59,6 +60,14 @@ def acl_password(token: str) -> str:
 
 def _code(error: BaseException) -> str | None:
     return next((code for kind, code in _CODES if isinstance(error, kind)), None)
+
+
+class _Connecting(logging.Filter):
+    """Leaves out the ZooKeeper client's line per failed attempt while a registry first connects: it
+    connects, or REGISTRY_UNREACHABLE says so once. Later connection losses are still logged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(("Connection dropped", "Failed connecting"))
 
 
 class ZkRegistry(Registry):
@@ -97,11 +106,15 @@ class ZkRegistry(Registry):
             raise RegistryError(f"bad ZooKeeper hosts {hosts!r}: {e}; expected HOST:PORT[,HOST:PORT...]",
                                 "BAD_ADDRESS") from None
         self._client.add_listener(self._on_kazoo_state)
+        quiet = _Connecting()
+        self._client.logger.addFilter(quiet)
         try:
             self._client.start(timeout=timeout)
         except KazooTimeoutError:
             raise RegistryError(f"no ZooKeeper server answered at {hosts} within {timeout} s "
                                 "(a local one for development: sparkcep zookeeper)", "REGISTRY_UNREACHABLE") from None
+        finally:
+            self._client.logger.removeFilter(quiet)
         try:
             self.create("/", {})
         except RegistryError as e:
