@@ -7,13 +7,18 @@ is still above ``watermark - lateness``; it counts once in
 ``metrics()["late"]`` when it missed at least one of its windows.
 """
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import reference as ref
 import sparkcep as cep
 from cases import T0, cep_funcs, cep_window
 from harness import run, stamped
 from reference import S, assert_same_rows
+
+from sparkcep.core.aggregate import WindowAggregate
 
 EV = {"k": "string", "ts": "timestamp", "v": "int64"}
 FUNCS = [("n", "count", None), ("sv", "sum", "v")]
@@ -111,3 +116,25 @@ def test_join_late_tuples_are_counted_once_per_tuple():
         got = run(q, sends, parallelism=p)
         assert_same_rows(got.outputs["out"], want, f"parallelism {p}")
         assert got.late == late, f"parallelism {p}"
+
+
+@settings(max_examples=300, deadline=None)
+@given(size=st.integers(1, 10**7), advance=st.integers(1, 10**7), lateness=st.integers(0, 10**7),
+       ts=st.lists(st.integers(-10**9, 10**9), min_size=1, max_size=20), watermark=st.integers(-10**9, 10**9))
+def test_rows_staying_out_of_a_fire_are_those_whose_every_window_stays_open(size, advance, lateness, ts, watermark):
+    """open_after_fire against the windows enumerated: a row stays pending through fire(watermark) exactly
+    when each window holding it starts after watermark - lateness - size."""
+    advance = max(min(advance, size), -(-size // 1000))  # at most 1,000 windows a row
+    q = cep.Query("o")
+    s = q.stream("s", "ts timestamp", time="ts")
+    op = s.aggregate(cep.TimeWindow(f"{size}us", f"{advance}us", lateness=f"{lateness}us"), n=cep.count()).op
+    agg = WindowAggregate(op.window, op.by, op.funcs, op.inputs[0].schema, op.schema, 8)
+    limit = watermark - lateness - size
+
+    def stays_open(t):
+        k = (t - size) // advance - 2
+        starts = [j * advance for j in range(k, k + size // advance + 5) if j * advance <= t < j * advance + size]
+        return all(start > limit for start in starts)
+
+    got = agg.open_after_fire(np.array(ts, np.int64), watermark)
+    assert got.tolist() == [stays_open(t) for t in ts]
