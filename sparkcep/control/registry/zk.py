@@ -64,7 +64,8 @@ def _code(error: BaseException) -> str | None:
 
 class _Connecting(logging.Filter):
     """Leaves out the ZooKeeper client's line per failed attempt while a registry first connects: it
-    connects, or REGISTRY_UNREACHABLE says so once. Later connection losses are still logged."""
+    connects, or REGISTRY_UNREACHABLE says so once. Later connection losses are still logged (the
+    clients of a process share kazoo's logger: another one's lines go unsaid for those seconds too)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not str(record.msg).startswith(("Connection dropped", "Failed connecting"))
