@@ -1,8 +1,8 @@
 """Running aggregation (:class:`~sparkcep.query.running.Running`): numba kernels over a
 :class:`~sparkcep.core.table.BinnedTable` holding one entry per group, never expired.
 
-The functions are the windowed aggregate's (:class:`~sparkcep.core.aggregate.Program`
-and its kernel ``_apply``), applied in sequence order, so every deployment
+The functions are the windowed aggregate's (:class:`~sparkcep.core.accumulators.Program`
+and its kernel ``apply_group``), applied in sequence order, so every deployment
 computes the same values. Between batches, an entry's ``AUX`` column holds the
 sequence number of the last tuple it took (-1 before its first). While a batch
 is consumed, it holds ``-2 - r`` for the batch's last row ``r`` of the group so
@@ -17,7 +17,7 @@ import pyarrow as pa
 from numba import njit
 
 from sparkcep.core import columns
-from sparkcep.core.aggregate import COUNT_ALL, GROUP, Program, _apply
+from sparkcep.core.accumulators import COUNT_ALL, GROUP, Program, apply_group
 from sparkcep.core.hashing import derive_ids, fold_in, key_hashes, operator_salt
 from sparkcep.core.table import (ACC, AUX, BinnedTable, TableBins, find_slot, fullest, key_bytes, lookup, place,
                                   room, slot_hash, touch)
@@ -47,7 +47,7 @@ def accumulate_known(K, ts, seq, P, V, T, count_at, misses, touched_b, touched_e
     A group is new for all its rows of the batch or for none, so each group's
     rows are applied in sequence order whichever pass takes them. ``count_at``
     >= 0: the aggregate is a lone ``count()`` kept in that column, counted
-    here rather than through ``_apply`` (a quarter faster: wordcount's shape).
+    here rather than through ``apply_group`` (a quarter faster: wordcount's shape).
     """
     khash, kw0, kw1, koff, kdata, kbin = K
     ops, cols, sis, sfs = P
@@ -76,7 +76,7 @@ def accumulate_known(K, ts, seq, P, V, T, count_at, misses, touched_b, touched_e
             else:
                 misses[m] = r
                 m += 1
-        _apply(ent, entf, arena, meta, rows, bins, entries, k, ts, seq, ops, cols, sis, sfs,
+        apply_group(ent, entf, arena, meta, rows, bins, entries, k, ts, seq, ops, cols, sis, sfs,
                vals_i, vals_f, valid, soff, slen, sdata)
     return m, nt
 
@@ -103,7 +103,7 @@ def insert_new(pos, m, misses, K, ts, seq, rowstr, P, V, T, count_at, touched_b,
             ks, klen = koff[r], koff[r + 1] - koff[r]
             need = key_bytes(klen) + rowstr[r]
             if not room(ent, arena, meta, b, 1, need + pending):
-                _apply(ent, entf, arena, meta, rows, bins, entries, k, ts, seq, ops, cols, sis, sfs,
+                apply_group(ent, entf, arena, meta, rows, bins, entries, k, ts, seq, ops, cols, sis, sfs,
                        vals_i, vals_f, valid, soff, slen, sdata)
                 k = pending = 0
                 if not room(ent, arena, meta, b, 1, need):
@@ -119,7 +119,7 @@ def insert_new(pos, m, misses, K, ts, seq, rowstr, P, V, T, count_at, touched_b,
             rows[k], bins[k], entries[k] = r, b, e
             k += 1
             pending += rowstr[r]
-        _apply(ent, entf, arena, meta, rows, bins, entries, k, ts, seq, ops, cols, sis, sfs,
+        apply_group(ent, entf, arena, meta, rows, bins, entries, k, ts, seq, ops, cols, sis, sfs,
                vals_i, vals_f, valid, soff, slen, sdata)
     return m, nt
 
