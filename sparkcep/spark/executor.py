@@ -59,7 +59,8 @@ from pathlib import Path
 from sparkcep import auth
 from sparkcep.gateway.client import EngineClient, resolve
 from sparkcep.errors import EngineError, SparkcepError
-from sparkcep.runtime.cluster import REPLY_TIMEOUT_S, Starting, start_worker, wait_ready
+from sparkcep.runtime.cluster import REPLY_TIMEOUT_S
+from sparkcep.runtime.worker_start import Starting, start_worker, wait_ready
 
 log = logging.getLogger("sparkcep.spark.executor")
 

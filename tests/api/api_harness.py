@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparkcep.runtime.cluster import Starting, wait_ready
+from sparkcep.runtime.worker_start import Starting, wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 KINDS = ("workers0", "workers2", "addresses", "cluster")

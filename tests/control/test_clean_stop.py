@@ -25,7 +25,7 @@ from sparkcep import auth
 from sparkcep.control import tree
 from sparkcep.control.registry import State, ZkRegistry
 from sparkcep.control.zookeeper import ZooKeeperServer
-from sparkcep.runtime.cluster import Starting, wait_ready
+from sparkcep.runtime.worker_start import Starting, wait_ready
 from harness import wait
 
 STOP_S = 5.0

@@ -35,7 +35,7 @@ from sparkcep import auth
 from sparkcep.control import tree
 from sparkcep.control.registry import ZkRegistry
 from sparkcep.control.registry.nodes import LEASES
-from sparkcep.runtime.cluster import Starting, wait_ready
+from sparkcep.runtime.worker_start import Starting, wait_ready
 from harness import wait
 
 TIMEOUT_S = 60

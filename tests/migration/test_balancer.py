@@ -33,7 +33,7 @@ import pyarrow as pa
 
 import sparkcep as cep
 from sparkcep import auth
-from sparkcep.runtime.cluster import Starting, wait_ready
+from sparkcep.runtime.worker_start import Starting, wait_ready
 
 T0 = 1_704_067_200_000_000
 TICK = 0.05  # s between two sends

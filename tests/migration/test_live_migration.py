@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 import sparkcep as cep
 from core.id_queries import assert_same_ids, build, id_rows, params, sends, start_at
 from sparkcep import auth
-from sparkcep.runtime.cluster import Starting, wait_ready
+from sparkcep.runtime.worker_start import Starting, wait_ready
 
 BINS = 8
 

@@ -26,7 +26,7 @@ import sparkcep as cep
 from harness import InThread
 from sparkcep import auth
 from sparkcep.errors import EngineError, QueryError, SparkcepError
-from sparkcep.runtime.cluster import Starting, wait_ready
+from sparkcep.runtime.worker_start import Starting, wait_ready
 
 T0 = 1_704_067_200_000_000
 BINS = 1024

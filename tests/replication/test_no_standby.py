@@ -22,7 +22,7 @@ from harness import plain
 from reference import assert_same_rows
 from sparkcep import auth
 from sparkcep.replication import catchup
-from sparkcep.runtime.cluster import Starting, start_worker, wait_ready
+from sparkcep.runtime.worker_start import Starting, start_worker, wait_ready
 
 T0 = 1_704_067_200_000_000
 LIMIT_S = 60  # for each step

@@ -111,7 +111,7 @@ def test_migrations_and_balancer_decisions_are_visible(own_home, tmp_path):
     """A migration under way, the finished ones (bins, bytes, steps, duration, latency) and the balancer's
     decisions with their reasons appear in engine.metrics(), in the $metrics stream and in ``sparkcep status``."""
     from sparkcep import auth
-    from sparkcep.runtime.cluster import Starting, wait_ready
+    from sparkcep.runtime.worker_start import Starting, wait_ready
 
     with cep.Engine.local(workers=2) as engine:
         dep = engine.deploy(make(), parallelism=2, bins=1024, balance=True)

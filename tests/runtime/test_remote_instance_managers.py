@@ -20,7 +20,7 @@ from reference import assert_same_rows
 from runtime_harness import run_on
 from sparkcep import auth
 from sparkcep.runtime.channels import hello
-from sparkcep.runtime.cluster import Starting, wait_ready
+from sparkcep.runtime.worker_start import Starting, wait_ready
 
 HOSTS = ["127.0.0.2", "127.0.0.3"]
 

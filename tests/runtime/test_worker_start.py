@@ -9,8 +9,8 @@ import pytest
 
 import sparkcep as cep
 from sparkcep import auth
-from sparkcep.runtime import cluster
-from sparkcep.runtime.cluster import Starting, wait_ready
+from sparkcep.runtime import worker_start
+from sparkcep.runtime.worker_start import Starting, wait_ready
 
 
 def fake(script: str) -> subprocess.Popen:
@@ -28,7 +28,7 @@ def test_a_worker_compiling_kernels_says_so_every_second(tmp_path):
         s = Starting(p, "im-cold")
         lines, deadline = [], time.monotonic() + 20
         while time.monotonic() < deadline and len(lines) < 5:
-            cluster._hear(s)
+            worker_start._hear(s)
             if s.heard is not None and s.doing not in lines:
                 lines.append(s.doing)
         assert s.info is None, "the cold warm-up ended early: the cache was not cold"
@@ -39,7 +39,7 @@ def test_a_worker_compiling_kernels_says_so_every_second(tmp_path):
 
 
 def test_a_worker_that_keeps_talking_is_waited_for_past_the_stall_limit(monkeypatch):
-    monkeypatch.setattr(cluster, "STALL_S", 1.0)
+    monkeypatch.setattr(worker_start, "STALL_S", 1.0)
     p = fake("for i in range(8):\n    print(f'STARTING warming up kernels step {i}/8', flush=True); time.sleep(0.4)\n"
              "print('READY {\"address\": \"127.0.0.1:1\"}', flush=True)")
     told = []
@@ -51,8 +51,8 @@ def test_a_worker_that_keeps_talking_is_waited_for_past_the_stall_limit(monkeypa
 def test_the_first_run_hint_comes_only_when_starting_takes_longer_than_loading_cached_kernels(monkeypatch):
     """Loading kernels from numba's cache takes seconds when many workers start at once: that wait is told
     as it is; only a longer one (compiling, a machine's first run) adds the hint about `sparkcep warm-up`."""
-    monkeypatch.setattr(cluster, "TELL_EVERY_S", 0.3)
-    monkeypatch.setattr(cluster, "COMPILING_AFTER_S", 1.2)
+    monkeypatch.setattr(worker_start, "TELL_EVERY_S", 0.3)
+    monkeypatch.setattr(worker_start, "COMPILING_AFTER_S", 1.2)
     p = fake("for i in range(8):\n    print(f'STARTING warming up kernels step {i}/8', flush=True); time.sleep(0.25)\n"
              "print('READY {\"address\": \"127.0.0.1:1\"}', flush=True)")
     told = []
@@ -64,7 +64,7 @@ def test_the_first_run_hint_comes_only_when_starting_takes_longer_than_loading_c
 
 
 def test_a_silent_worker_is_named_as_stuck_within_seconds(monkeypatch):
-    monkeypatch.setattr(cluster, "STALL_S", 1.5)
+    monkeypatch.setattr(worker_start, "STALL_S", 1.5)
     p = fake("print('STARTING warming up kernels step 2/8', flush=True); time.sleep(60)")
     t0 = time.monotonic()
     with pytest.raises(cep.EngineError) as e:
