@@ -258,7 +258,6 @@ class WindowAggregate:
         p = self.program
         self.table = BinnedTable(bins, p.n_int, p.n_float, p.str_slots)
         self.bins = bins
-        self.late = 0
         self.late_rows = np.empty(0, np.int64)  # rows of the last batch added that were late
         self.lowest_start = None  # no open window starts before this (time windows)
         # rows may be added in any order: the windows come out the same (the largest sequence
@@ -322,7 +321,6 @@ class WindowAggregate:
                 rows, starts = miss_r[pos:m], miss_s[pos:m]
                 entries = (K[0][rows] ^ (starts.view(np.uint64) * GOLDEN)).view(np.int64)
                 self.table.grow_for(fullest(K[5][rows], entries), fullest(K[5][rows]) // 2, K[3], int(rowstr.max()))
-        self.late += late
         first = int(((ts.min() - w.size_us) // w.advance_us + 1) * w.advance_us)
         self.lowest_start = first if self.lowest_start is None else min(self.lowest_start, first)
         return []

@@ -41,13 +41,15 @@ class BinState:
     ``bins``: the bins asked for (None: every bin the instance held);
     ``state``: the operator's state of them; ``pending``: per input port,
     their tuples not consumed yet (one batch or None); ``progress``: the
-    sender's :class:`Progress`.
+    sender's :class:`Progress`; ``late``: per input port, the late tuples
+    counted in each of ``bins`` (every bin when None).
     """
 
     bins: np.ndarray | None
     state: object
     pending: list[pa.RecordBatch | None] = field(default_factory=list)
     progress: Progress = field(default_factory=Progress)
+    late: np.ndarray | None = None
 
     @property
     def nbytes(self) -> int:

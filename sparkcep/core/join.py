@@ -81,17 +81,13 @@ class WindowJoin:
         self.buffers: list[list[pa.RecordBatch]] = [[], []]
         self.next_start: int | None = None  # smallest window start that may hold buffered rows
         self.fired = -(2 ** 63)  # every window starting before this has fired: never fire it again
-        self.late_by_port = [0, 0]  # tuples that missed a window, per input
         self.salt = operator_salt(op.name)  # output ids: (operator, window, left id, right id)
 
-    @property
-    def late(self) -> int:
-        return sum(self.late_by_port)
-
-    def add(self, port: int, batch: pa.RecordBatch) -> None:
-        """Buffer a batch of input ``port`` (0 left, 1 right), tagged with each row's bin."""
+    def add(self, port: int, batch: pa.RecordBatch) -> np.ndarray:
+        """Buffer a batch of input ``port`` (0 left, 1 right), tagged with each row's bin; returns the
+        bins of its late tuples (one per tuple that missed a window)."""
         if batch.num_rows == 0:
-            return
+            return np.zeros(0, np.int64)
         keys = self.left_keys if port == 0 else self.right_keys
         if keys:
             b = key_bins(*columns.encode_keys(batch, keys), self.bins)
@@ -101,10 +97,11 @@ class WindowJoin:
         ts = batch.column(columns.TS).to_numpy()
         wm = batch.column(columns.WM).to_numpy()
         first_end = ((ts - w.size_us) // w.advance_us + 1) * w.advance_us + w.size_us
-        self.late_by_port[port] += int(np.count_nonzero(first_end <= wm - w.lateness_us))
+        late = b[first_end <= wm - w.lateness_us]
         first = max(int(first_end.min() - w.size_us), self.fired)
         self.next_start = first if self.next_start is None else min(self.next_start, first)
         self.buffers[port].append(batch.append_column(BIN, pa.array(b)))
+        return late
 
     def fire(self, watermark: int | None) -> list[pa.RecordBatch]:
         """Join and emit every window instance closed by ``watermark`` (None: all), then drop dead rows."""

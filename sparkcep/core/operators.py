@@ -153,6 +153,15 @@ class StatefulOp(PhysicalOperator, ABC):
         self.late_batches: list[pa.RecordBatch] = []
         self.step: tuple[int | None, int] = (None, 0)
         self.any_order = False  # consume() gives the same results in any row order: no sort, batch by batch
+        # late tuples per input port and bin: they move with their bins, so no count is lost when an
+        # instance hands all of its bins on and leaves (a rescale down)
+        self.late_bins = np.zeros((len(op.inputs), bins), np.int64)
+
+    def count_late(self, port: int, bins: np.ndarray) -> None:
+        """Count late tuples of input ``port``, one per entry of ``bins`` (the bin of each)."""
+        if len(bins):
+            np.add.at(self.late_bins[port], bins, 1)
+            self.note_late(len(bins))
 
     def note_late(self, n: int) -> None:
         """``n`` tuples were late: say so in the log, once per operator and process."""
@@ -249,6 +258,8 @@ class StatefulOp(PhysicalOperator, ABC):
         held here (this instance may hold other bins, or none: a new instance)."""
         self.step = later_step(self.step, moved.progress.step)
         self.install(moved.state, moved.progress)
+        if moved.late is not None:
+            self.late_bins[:, slice(None) if moved.bins is None else moved.bins] += moved.late
         for port, batch in enumerate(moved.pending):
             if batch is not None and batch.num_rows:
                 self.pending[port].append(batch)
@@ -267,7 +278,11 @@ class StatefulOp(PhysicalOperator, ABC):
             elif not keep:
                 self.pending[port] = []
             pending.append(batch)
-        return BinState(bins, self.extract(bins, keep), pending, self.progress())
+        chosen = slice(None) if bins is None else bins
+        late = self.late_bins[:, chosen].copy()
+        if not keep:
+            self.late_bins[:, chosen] = 0
+        return BinState(bins, self.extract(bins, keep), pending, self.progress(), late)
 
     def _bins(self, port: int, batch: pa.RecordBatch) -> np.ndarray:
         """The bin of each row of ``batch`` arriving on ``port`` (by the keys this operator routes on)."""
@@ -291,9 +306,10 @@ class AggregateOp(StatefulOp):
         out = self.agg.add(batch, self.step) if self.running else self.agg.add(batch)
         late = getattr(self.agg, "late_rows", None)
         if late is not None and late.size:
-            self.note_late(late.size)
+            rows = columns.take(batch, late)
+            self.count_late(port, self._bins(port, rows))
             if self.op.late_output is not None:
-                self.late_batches.append(columns.take(batch, late))
+                self.late_batches.append(rows)
         return out
 
     def fire(self, watermark):
@@ -311,11 +327,11 @@ class AggregateOp(StatefulOp):
 
     @property
     def late(self) -> int:
-        return self.agg.late
+        return int(self.late_bins.sum())
 
     @property
     def late_by_port(self) -> list[int]:
-        return [self.agg.late]
+        return [self.late]
 
     def extract(self, bins, keep):
         return self.agg.copy_bins(bins) if keep else self.agg.take_bins(bins)
@@ -336,10 +352,7 @@ class JoinOp(StatefulOp):
         self.join = WindowJoin(op, bins)
 
     def consume(self, port, batch):
-        before = self.join.late
-        self.join.add(port, batch)
-        if self.join.late > before:
-            self.note_late(self.join.late - before)
+        self.count_late(port, self.join.add(port, batch))
         return []
 
     def fire(self, watermark):
@@ -350,11 +363,11 @@ class JoinOp(StatefulOp):
 
     @property
     def late(self) -> int:
-        return self.join.late
+        return int(self.late_bins.sum())
 
     @property
     def late_by_port(self) -> list[int]:
-        return self.join.late_by_port
+        return [int(n) for n in self.late_bins.sum(axis=1)]
 
     def extract(self, bins, keep):
         return self.join.take_bins(bins, keep)

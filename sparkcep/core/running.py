@@ -170,7 +170,6 @@ class RunningAggregate:
     :meth:`take_bins` / :meth:`copy_bins` / :meth:`put_bins` move bins' groups.
     """
 
-    late = 0  # nothing is ever late: no window closes
 
     def __init__(self, window, by: list[str], funcs: dict[str, AggFunc], schema: Schema,
                  out_schema: Schema, bins: int, name: str = ""):
