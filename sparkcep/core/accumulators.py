@@ -19,22 +19,40 @@ from sparkcep.core.hashing import gather_binned
 from sparkcep.core.strings import compare_bytes
 from sparkcep.core.table import ACC, ARENA_USED
 from sparkcep.query.aggregates import AggFunc
-from sparkcep.schema import TYPES, Schema
+from sparkcep.schema import Schema
 
 (COUNT_ALL, COUNT, SUM_I, SUM_F, MIN_I, MAX_I, MIN_F, MAX_F, MIN_S, MAX_S,
  FIRST, LAST, FIRST_S, LAST_S) = range(14)
-# whose result does not depend on the order rows come in: integer sums wrap around, equal strings
-# are the same bytes (float sums round, float min/max see -0.0 and NaN, first/last break ties by order)
-ORDER_FREE = (COUNT_ALL, COUNT, SUM_I, MIN_I, MAX_I, MIN_S, MAX_S)
+# whose result does not depend on the order rows come in: integer sums wrap around, float min/max
+# compare in a total order, equal strings are the same bytes (float sums round, first/last break
+# ties by order)
+ORDER_FREE = (COUNT_ALL, COUNT, SUM_I, MIN_I, MAX_I, MIN_F, MAX_F, MIN_S, MAX_S)
 # int slots / float slots each opcode owns
 SLOTS = {COUNT_ALL: (1, 0), COUNT: (1, 0), SUM_I: (2, 0), SUM_F: (1, 1), MIN_I: (2, 0), MAX_I: (2, 0),
-         MIN_F: (1, 1), MAX_F: (1, 1), MIN_S: (3, 0), MAX_S: (3, 0), FIRST: (4, 0), LAST: (4, 0),
+         MIN_F: (2, 0), MAX_F: (2, 0), MIN_S: (3, 0), MAX_S: (3, 0), FIRST: (4, 0), LAST: (4, 0),
          FIRST_S: (5, 0), LAST_S: (5, 0)}
+_MAGNITUDE = 0x7FFF_FFFF_FFFF_FFFF  # the bits of a float64 but its sign
+_INF = 0x7FF0_0000_0000_0000  # +inf; magnitudes above it are NaNs
+_NAN = 0x7FF8_0000_0000_0000  # the one NaN min/max keep (Java's Double.NaN)
 
 
 @njit(nogil=True, cache=True, inline="always")
 def _later(ts, seq, t0, s0):
     return ts > t0 or (ts == t0 and seq > s0)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _float_key(bits):
+    """The int64 key of the float64 with ``bits``, ordered as Java's ``Double.compare``: -0.0 below
+    0.0, every NaN one key above +inf. Its bits come back by :func:`_key_bits`."""
+    if (bits & _MAGNITUDE) > _INF:
+        bits = _NAN
+    return bits ^ (bits >> 63 & _MAGNITUDE)  # negatives: larger magnitudes sort lower
+
+
+def _key_bits(keys: np.ndarray) -> np.ndarray:
+    """The float64 bits of :func:`_float_key` keys (the flip is its own inverse)."""
+    return keys ^ (keys >> 63 & _MAGNITUDE)
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -77,15 +95,15 @@ def apply_group(acc_i, acc_f, arena, meta, rows, bins, entries, k, ts, seq, ops,
                     if acc_i[b, e, si + 1] == 0 or (v < acc_i[b, e, si] if lower else v > acc_i[b, e, si]):
                         acc_i[b, e, si] = v
                     acc_i[b, e, si + 1] += 1
-        elif op == MIN_F or op == MAX_F:
+        elif op == MIN_F or op == MAX_F:  # MIN_I/MAX_I over the keys of the values' bits
             lower = op == MIN_F
             for q in range(k):
                 r, b, e = rows[q], bins[q], entries[q]
                 if valid[c, r]:
-                    v = vals_f[c, r]
-                    if acc_i[b, e, si] == 0 or (v < acc_f[b, e, sf] if lower else v > acc_f[b, e, sf]):
-                        acc_f[b, e, sf] = v
-                    acc_i[b, e, si] += 1
+                    v = _float_key(vals_i[c, r])
+                    if acc_i[b, e, si + 1] == 0 or (v < acc_i[b, e, si] if lower else v > acc_i[b, e, si]):
+                        acc_i[b, e, si] = v
+                    acc_i[b, e, si + 1] += 1
         elif op == MIN_S or op == MAX_S:
             for q in range(k):
                 r, b, e = rows[q], bins[q], entries[q]
@@ -175,7 +193,7 @@ class Program:
         # per value column: how many string functions copy its values into the arena
         self.string_uses = [sum(1 for op, c in zip(ops, cols) if c == i and op in (MIN_S, MAX_S, FIRST_S, LAST_S))
                             for i in range(len(self.fields))]
-        self.reads_floats = any(op in (SUM_F, MIN_F, MAX_F) for op in ops)
+        self.reads_floats = SUM_F in ops
         self.reads_strings = any(self.string_uses)
         k = max(1, len(self.fields))
         self._no_floats, self._no_strings = np.zeros((k, 0), np.float64), np.zeros((k, 0), np.int64)
@@ -216,8 +234,8 @@ class Program:
                     v, valid[c] = columns.values(arr)
                 else:
                     v = (arr.view(pa.int64()) if pa.types.is_timestamp(arr.type) else arr).to_numpy(zero_copy_only=False)
-                vals_i[c] = v.astype(np.float64).view(np.int64) if v.dtype.kind == "f" else v  # first/last: bits
-                if self.reads_floats:  # sums and min/max of floats; avg of an int column sums it as float
+                vals_i[c] = v.astype(np.float64).view(np.int64) if v.dtype.kind == "f" else v  # as bits (min/max: keys)
+                if self.reads_floats:  # sums of floats; avg of an int column sums it as float
                     vals_f[c] = v
         sdata = np.concatenate(datas) if datas else _NO_BYTES
         return vals_i, vals_f, valid, soff, slen, sdata, rowstr
@@ -245,7 +263,7 @@ class Program:
             elif op in (MIN_I, MAX_I):
                 out.append(columns.from_bits(ai[si].view(np.uint64), ai[si + 1] > 0, t))
             elif op in (MIN_F, MAX_F):
-                out.append(pa.array(af[sf], mask=ai[si] == 0).cast(TYPES[t]))
+                out.append(columns.from_bits(_key_bits(ai[si]).view(np.uint64), ai[si + 1] > 0, t))
             elif op in (FIRST, LAST):
                 out.append(columns.from_bits(ai[si + 3].view(np.uint64), ai[si + 2] > 0, t))
             else:  # string min/max/first/last
