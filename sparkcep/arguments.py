@@ -10,6 +10,7 @@ themselves for a keyword that is none of theirs.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import difflib
 import functools
 import inspect
@@ -99,11 +100,14 @@ def seconds(timeout, name: str = "timeout") -> float | None:
 
 def scalar(value):
     """A numpy scalar (``np.int64(5)``, ``np.bool_``, ``np.datetime64``, ``np.timedelta64``) as the Python
-    value it holds: int, float, bool, str, ``datetime.datetime``, ``datetime.timedelta``, None for NaT.
-    Times go through microseconds, the engine's unit. Anything else is returned as it is.
+    value it holds: int, float, bool, str, ``datetime.datetime``, ``datetime.timedelta``, None for NaT
+    (numpy's, and pandas' ``pd.NaT``). Times go through microseconds, the engine's unit. Anything else is
+    returned as it is.
 
-    Duck-typed: the query layer does not import numpy.
+    Duck-typed: the query layer imports neither numpy nor pandas.
     """
+    if isinstance(value, (dt.datetime, dt.timedelta)) and value != value:  # pd.NaT, a datetime unequal to itself
+        return None
     if type(value).__module__ != "numpy" or getattr(value, "ndim", None) != 0:
         return value
     kind = value.dtype.kind

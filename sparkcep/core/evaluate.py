@@ -3,7 +3,9 @@ numba kernels over Arrow offsets+bytes for strings.
 
 A value is ``(data, valid)``; ``data`` is a numpy array, or for strings an
 ``(offsets, bytes)`` pair. Nulls propagate; ``&``/``|`` use SQL's
-three-valued logic; division or modulo by zero gives null.
+three-valued logic; division or modulo by zero gives null. Arithmetic runs
+in the type the query declares for it (int64 or float64), whatever the
+width of its operands.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import pyarrow as pa
 
 from sparkcep.core import columns, strings
 from sparkcep.core.split import split_part
-from sparkcep.query.expressions import BinOp, Col, Expr, IsNull, Lit, Not, SplitPart, StartsWith
+from sparkcep.query.expressions import ARITH, BinOp, Col, Expr, IsNull, Lit, Not, SplitPart, StartsWith
 from sparkcep.schema import TYPES, Schema
 
 _NUMPY = {"+": np.add, "-": np.subtract, "*": np.multiply, "==": np.equal, "!=": np.not_equal,
@@ -55,6 +57,8 @@ def evaluate(expr: Expr, batch: pa.RecordBatch, schema: Schema):
 def _binop(e: BinOp, batch, schema):
     a, a_ok = evaluate(e.left, batch, schema)
     if e.op in _NUMPY and isinstance(e.right, Lit) and e.right.kind in _SCALARS and not isinstance(a, tuple):
+        if e.op in ARITH:
+            a = _wide(a)
         with np.errstate(all="ignore"):  # col > 5: the literal as a scalar, not a column of 5s
             return _NUMPY[e.op](a, _SCALARS[e.right.kind](e.right.value)), a_ok
     b, b_ok = evaluate(e.right, batch, schema)
@@ -70,6 +74,8 @@ def _binop(e: BinOp, batch, schema):
         return _string_compare(e.op, a, b, batch.num_rows), ok
     if isinstance(a, tuple) or isinstance(b, tuple):  # a string against a null literal: null
         return np.zeros(batch.num_rows, np.bool_), ok
+    if e.op in ARITH:
+        a, b = _wide(a), _wide(b)
     if e.op == "/":
         zero = b == 0
         with np.errstate(all="ignore"):
@@ -80,6 +86,13 @@ def _binop(e: BinOp, batch, schema):
             return np.mod(a, np.where(zero, 1, b)), ok & ~zero
     with np.errstate(all="ignore"):
         return _NUMPY[e.op](a, b), ok
+
+
+def _wide(x: np.ndarray) -> np.ndarray:
+    """``x`` in the 64-bit type of its kind (a null literal's bools as int64): numpy then computes in the
+    type ``BinOp.type`` declares, int64 or float64. In int32 a sum or product would wrap around, in
+    float32 round, before the cast to the declared type."""
+    return x.astype(np.float64 if x.dtype.kind == "f" else np.int64, copy=False)
 
 
 def _string_compare(op, a, b, n):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from sparkcep.errors import InputError
 from sparkcep.schema import Schema, type_name
@@ -126,8 +127,8 @@ def _convert(stream: str, field: str, want: str, values) -> pa.Array:
         try:
             return arr.cast(target, safe=True)
         except pa.ArrowInvalid as e:
-            raise InputError(f"stream {stream!r}: field {field!r}: cannot convert {got} to {want}: {e}"
-                             + _first_bad(arr, target), "TYPE") from None
+            why = _sub_microsecond(field, arr) or f"cannot convert {got} to {want}: {e}{_first_bad(arr, target)}"
+            raise InputError(f"stream {stream!r}: field {field!r}: {why}", "TYPE") from None
     hint = ("; send datetimes or a pyarrow timestamp column (integers are ambiguous: s, ms or us?)"
             if want == "timestamp" and got in ("int32", "int64") else "")
     raise InputError(f"stream {stream!r}: field {field!r} expects {want}, got {got}{hint}"
@@ -140,6 +141,20 @@ def _convert_explicit(stream, field, want, values, target, error):
     except _BAD_VALUE:
         raise InputError(f"stream {stream!r}: field {field!r} expects {want}: {error}"
                          + _first_bad(values, target), "TYPE") from None
+
+
+def _sub_microsecond(field: str, arr: pa.Array) -> str | None:
+    """Why nanosecond timestamps ``arr`` cannot be taken, naming the first that is no whole microsecond
+    (None when every one is)."""
+    if not pa.types.is_timestamp(arr.type) or arr.type.unit != "ns":
+        return None
+    ns = pc.fill_null(arr.view(pa.int64()), 0).to_numpy()
+    bad = np.flatnonzero(ns % 1000)
+    if not len(bad):
+        return None
+    row = int(bad[0])
+    return (f"row {row} is {np.datetime64(int(ns[row]), 'ns')}, finer than the microseconds the engine keeps; "
+            f"round the times first, e.g. df[{field!r}].dt.floor(\"us\") in pandas")
 
 
 def _first_bad(values, target) -> str:

@@ -253,7 +253,7 @@ class StatefulOperator:
     occurrence, which only the instance holding both can see.
     """
 
-    #: the schema of the rows this operator emits
+    #: the schema of the rows this operator emits; every subclass defines it
     schema: "Schema | dict | str"
 
     def new_state(self, bins: int):
@@ -293,6 +293,10 @@ class Custom(Operator):
         self.by = [by] if isinstance(by, str) else list(by)
         for f in self.by:
             source.schema.type_of(f, "stateful by=")
+        if getattr(op, "schema", None) is None:
+            raise QueryError(f"stateful(): {type(op).__name__} defines no `schema`; a StatefulOperator subclass must "
+                             "define it, the fields of the rows it emits (e.g. schema = \"k string, n int64\" in the "
+                             "class body)")
         super().__init__(query, [source], as_schema(op.schema), name)
 
     def describe(self):

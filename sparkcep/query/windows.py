@@ -14,6 +14,7 @@ _UNITS_US = {"us": 1, "ms": 1_000, "s": 1_000_000, "m": 60_000_000, "min": 60_00
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(us|ms|s|min|m|h|d)\s*$")
 MAX_WINDOWS_A_ROW = 10_000  # windows one row may fall in (size / advance): each costs the row an update
 MAX_DURATION_US = 365_000 * 86_400_000_000  # 1,000 years: an event time plus a few of them stays in int64
+MAX_TUPLES = 2**61  # a tuple window's size or advance: a group's count plus both stays in the kernels' int64
 
 
 def duration_us(value, what: str = "duration") -> int:
@@ -84,8 +85,9 @@ class TupleWindow:
 
     @checked()
     def __init__(self, size: int, advance: int | None = None):
-        self.size = integer(size, "TupleWindow size", minimum=1)
-        self.advance = self.size if advance is None else integer(advance, "TupleWindow advance", minimum=1)
+        self.size = integer(size, "TupleWindow size", minimum=1, maximum=MAX_TUPLES)
+        self.advance = self.size if advance is None else integer(advance, "TupleWindow advance", minimum=1,
+                                                                 maximum=MAX_TUPLES)
         if self.advance > self.size:
             raise QueryError(f"TupleWindow advance {self.advance} is larger than its size {self.size}")
         _check_overlap(-(-self.size // self.advance), f"TupleWindow({self.size}, advance={self.advance})")

@@ -87,6 +87,26 @@ def test_int64_overflowing_an_int32_field_is_a_type_error():
         assert err.value.code == "TYPE"
 
 
+def test_a_time_finer_than_a_microsecond_is_refused_naming_row_and_value():
+    """The engine keeps microseconds: pandas' nanoseconds are refused, not truncated. It said "cannot convert
+    timestamp to timestamp: Casting from timestamp[ns] to timestamp[us] would lose data", naming no row."""
+    ts = pd.to_datetime(["2024-01-01"] * 3) + pd.to_timedelta([0, 1000, 1], "ns")  # 1 us is fine, 1 ns is not
+    frame = pd.DataFrame({"k": ["a"] * 3, "ts": ts, "v": [0, 1, 2], "x": [0.5] * 3})
+    whole = pa.RecordBatch.from_pandas(frame[:2], preserve_index=False)
+    table = pa.Table.from_batches([whole, pa.RecordBatch.from_pandas(frame, preserve_index=False)])
+    with cep.Engine.local() as e:
+        e.deploy(query())
+        for data, row in [(frame, 2), (frame.set_axis([7, 8, 9]), 2), (table, 4)]:  # rows count from 0
+            with pytest.raises(cep.InputError) as err:
+                e.send("ev", data)
+            assert err.value.code == "TYPE"
+            assert str(err.value) == (f"stream 'ev': field 'ts': row {row} is 2024-01-01T00:00:00.000000001, finer "
+                                      "than the microseconds the engine keeps; round the times first, e.g. "
+                                      "df['ts'].dt.floor(\"us\") in pandas")
+        assert e.metrics()["sequence"] == 0
+        assert e.send("ev", frame.assign(ts=frame["ts"].dt.floor("us"))) == 3
+
+
 def test_unknown_stream_and_output():
     with cep.Engine.local() as e:
         e.deploy(query())

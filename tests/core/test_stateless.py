@@ -2,8 +2,10 @@
 
 import datetime as dt
 import itertools
+import operator
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pytest
 
@@ -136,6 +138,36 @@ def test_map_projects_exactly_and_keeps_types():
     assert table.schema == pa.schema([("k", pa.string()), ("t", pa.timestamp("us")), ("n", pa.int64())])
 
 
+NARROW = {"ts": "timestamp", "i": "int32", "j": "int32", "f": "float32", "g": "float32"}
+OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv, "%": operator.mod}
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_narrow_operands_compute_in_the_declared_type(op):
+    """int32 and float32 operands compute in int64 / float64, the type the map declares, as numpy does in
+    those types: an int32 sum or product does not wrap around, a float32 one is not rounded first."""
+    data = {"i": np.array([2**31 - 1, -2**31, 100000, -7, 46341, 5], np.int32),
+            "j": np.array([1, -1, 100000, 2, -46341, 0], np.int32),
+            "f": np.array([3e38, 0.1, -1.5, 16777217, -1e-10, 2.5], np.float32),
+            "g": np.array([3e38, 0.2, 1e-7, 1, 7, 0], np.float32)}
+    wide = {k: v.astype(np.float64 if v.dtype.kind == "f" else np.int64) for k, v in data.items()}
+    pairs = {"ij": ("i", "j"), "ji": ("j", "i"), "if": ("i", "f"), "fg": ("f", "g"), "i7": ("i", 7), "3j": (3, "j"),
+             "fhalf": ("f", 0.5)}
+    q = cep.Query("m")
+    s = q.stream("ev", NARROW)
+    q.output("out", s.map(**{name: OPS[op](*(cep.col(x) if x in data else cep.lit(x) for x in pair))
+                             for name, pair in pairs.items()}))
+    rows = [{"ts": T0 + n * S, **{k: v[n].item() for k, v in data.items()}} for n in range(6)]
+    got = run(q, [("ev", rows)]).outputs["out"]
+    for name, pair in pairs.items():
+        a, b = (wide[x] if x in data else np.full(6, x) for x in pair)
+        zero = (b == 0) & (op in "/%")  # null
+        with np.errstate(all="ignore"):
+            want = OPS[op](a, np.where(zero, 1, b))
+        assert want.dtype == q.outputs["out"].schema.fields[name]
+        assert got[name].tolist() == [None if z else w.item() for w, z in zip(want, zero)], f"{pair} {op}"
+
+
 def test_string_literal_in_map():
     got, _ = run_map({"tag": L("hello"), "k": C("k")})
     assert set(got["tag"]) == {"hello"}
@@ -155,6 +187,19 @@ def test_numpy_scalars_are_the_literals_they_hold():
     want = run(query(2, 0.5, when), [("ev", rows)]).outputs["out"]
     assert len(want) and 0 < len(want) < len(rows)
     assert_same_rows(got, want)
+
+
+@pytest.mark.parametrize("nat", [pd.NaT, np.datetime64("NaT"), np.datetime64("NaT", "ns")], ids=repr)
+def test_nat_is_the_null_literal(nat):
+    """pandas' NaT, as numpy's, is the null literal: a comparison with it is null, a filter on it keeps no row."""
+    q = cep.Query("f")
+    s = q.stream("ev", SCHEMA)
+    q.output("kept", s.filter(cep.col("ts") > nat))
+    q.output("compared", s.map(r=cep.col("ts") > nat))
+    rows = rows_3vl()
+    got = run(q, [("ev", rows)]).outputs
+    assert got["kept"].empty
+    assert got["compared"]["r"].tolist() == [None] * len(rows)
 
 
 def filter_query(cond):

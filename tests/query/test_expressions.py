@@ -120,6 +120,21 @@ def test_operators_check_their_expressions():
     assert m.schema.fields == {"k": "string", "kb": "float64", "big": "bool", "t": "timestamp", "t1": "int64"}
 
 
+def test_a_stateful_operator_without_schema_is_refused_naming_what_to_define():
+    """It raised a bare AttributeError ("'NoSchema' object has no attribute 'schema'")."""
+    class NoSchema(cep.StatefulOperator):
+        def process(self, batch, bins, state):
+            return None
+
+    class Counts(NoSchema):
+        schema = "k string, n int64"
+
+    q, s = _query()
+    with pytest.raises(cep.QueryError, match=r"NoSchema defines no `schema`; a StatefulOperator subclass must define"):
+        s.stateful(NoSchema(), by="k")
+    assert s.stateful(Counts(), by="k").schema.fields == {"k": "string", "n": "int64"}
+
+
 def test_aggregate_function_types_and_errors():
     q, s = _query()
     a = s.aggregate(cep.TimeWindow("10s"), by=["k"], n=cep.count(), c=cep.count("x"), sv=cep.sum("v"),

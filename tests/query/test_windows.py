@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import sparkcep as cep
-from sparkcep.query.windows import duration_us
+from sparkcep.query.windows import MAX_TUPLES, duration_us
 
 
 @pytest.mark.parametrize("value,us", [
@@ -58,6 +58,27 @@ def test_tuple_window():
     for bad in [(0,), (3, 4), (2.0,), (True,), (3, 0), ("3",)]:
         with pytest.raises(cep.QueryError):
             cep.TupleWindow(*bad)
+
+
+@pytest.mark.parametrize("args,name", [((2**70,), "size"), ((MAX_TUPLES + 1,), "size"), ((10, 2**64), "advance"),
+                                       ((np.uint64(2**63),), "size")])
+def test_a_tuple_window_past_2_61_tuples_is_refused_where_the_query_is_written(args, name):
+    """TupleWindow(2**70) was taken and its query failed at its first send (a numba TypingError)."""
+    with pytest.raises(cep.QueryError, match=rf"TupleWindow {name} must be <= {2**61}, got"):
+        cep.TupleWindow(*args)
+
+
+@pytest.mark.parametrize("args", [(MAX_TUPLES,), (MAX_TUPLES, 1 + MAX_TUPLES // 10_000), (10**12,)], ids=str)
+def test_the_largest_tuple_windows_run(args):
+    """The bound leaves the kernels room: windows at it, overlapping as much as allowed, run without overflow."""
+    q = cep.Query("q")
+    s = q.stream("ev", "k string, ts timestamp, v int64")
+    q.output("o", s.aggregate(cep.TupleWindow(*args), by="k", n=cep.count()))
+    with cep.Engine.local(workers=0) as e:
+        e.deploy(q)
+        e.send("ev", {"k": ["a", "b", "a"], "ts": [dt.datetime(2024, 1, 1)] * 3, "v": [1, 2, 3]})
+        e.end("ev")
+        assert e.collect("o").num_rows == 0  # no window is full
 
 
 @pytest.mark.parametrize("window", [lambda: cep.TimeWindow("1000s", advance="1us"),
