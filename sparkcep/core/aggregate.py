@@ -310,7 +310,11 @@ class WindowAggregate:
         nwin = (w.size_us + w.advance_us - 1) // w.advance_us
         miss_r, miss_s = np.empty(n * nwin, np.int64), np.empty(n * nwin, np.int64)
         if self.program.reads_strings and rowstr.any():  # pass 1 does not check room: a string
-            self.table.reserve(K[5], rowstr * nwin)        # min/max/first/last may append its value at every hit
+            need = rowstr * nwin                            # min/max/first/last may append its value at every hit
+            rows = self.table.rows_to_reserve(K[5], need)
+            if rows < n:
+                return self._add_in_parts(batch, rows)
+            self.table.reserve(K[5], need)
         late_rows = np.empty(n, np.int64)
         m, late = accumulate_time(K, ts, wm, seq, w.size_us, w.advance_us, w.lateness_us, P, V,
                                   self.table.kernel_state(), miss_r, miss_s, late_rows, not self.program.reads_strings)
