@@ -322,7 +322,9 @@ class ConnectedEngine:
     def subscribe(self, output: str, callback, on_error=None) -> Subscription:
         """Call ``callback(pyarrow.RecordBatch)`` with every batch ``output`` produces from now on (read as
         they arrive, on a thread of its own), through fail-overs of the data path; ``on_error(error)`` once
-        if reading fails for good. ``cancel()`` the returned subscription to stop."""
+        if reading fails for good. ``cancel()`` the returned subscription to stop. A ``callback`` that
+        raises ends its subscription (``on_error`` gets code ``SINK``, naming its error); the query, which
+        other clients may read, runs on."""
         function(callback, "subscribe's callback")
         function(on_error, "subscribe's on_error", optional=True)
         stop = threading.Event()
@@ -337,7 +339,11 @@ class ConnectedEngine:
                     for table in tables:
                         for batch in table.to_batches():
                             if not stop.is_set():
-                                callback(batch)
+                                try:
+                                    callback(batch)
+                                except Exception as e:
+                                    raise EngineError(f"a subscriber of output {output!r} raised "
+                                                      f"{type(e).__name__}: {e}", "SINK") from e
                     at.update(reached)
             except SparkcepError as e:
                 if on_error is not None and not stop.is_set():

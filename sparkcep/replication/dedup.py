@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import threading
 
+from sparkcep.runtime.output_log import SubscriberError, extend_logs
+
 
 class DedupSink:
     """Publishes each epoch's rows once, from whichever replica delivers the epoch first."""
@@ -30,15 +32,15 @@ class DedupSink:
 
     def deliverer(self, replica: int):
         """The ``deliver`` callback of replica ``replica``'s sink."""
-        def deliver(epoch: int, per_log: dict[str, list]) -> None:
+        def deliver(epoch: int, per_log: dict[str, list]) -> SubscriberError | None:
             with self._lock:
                 if epoch <= self.published:
                     self.dropped_rows += sum(b.num_rows for batches in per_log.values() for _, b in batches)
-                    return
-                for out, batches in per_log.items():  # a log refusing them (NotHeld): offered again later
-                    self.logs[out].extend(batches, epoch)
+                    return None
+                failed = extend_logs(self.logs, per_log, epoch)  # a log refusing them (NotHeld): offered again later
                 self.published = epoch
                 self.first[replica] = self.first.get(replica, 0) + 1
+                return failed
         return deliver
 
     def snapshot(self, lags: dict[int, int]) -> dict:

@@ -57,12 +57,15 @@ class ReplicaSet:
         return next(iter(self.running() or self.fed() or self.members))
 
     def lost(self, r: int, error: EngineError) -> None:
-        """Replica ``r`` failed: stop feeding it, rebuild it if the others run, else fail the set."""
+        """Replica ``r`` failed: stop feeding it, rebuild it if the others run, else (or when a subscriber
+        raised) fail the set."""
         with self._lock:
             if self.states[r] == FAILED:
                 return
             self.states[r] = FAILED
             survivors = self.running()  # one catching up cannot carry the query: its source is gone
+            if error.code == "SINK":  # a subscriber raised: every replica would meet it, the query fails
+                survivors = []
             self.failovers.append({"time": time.time(), "replica": r, "error": str(error), "code": error.code})
         if not survivors:
             self.fail(error)

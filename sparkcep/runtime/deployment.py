@@ -39,7 +39,7 @@ from sparkcep.runtime.channels import Configure, Consumer, Control, LocalChannel
 from sparkcep.runtime.handoff import ENGINE_HOST, Board, Handoffs
 from sparkcep.runtime.layout import ENGINE, Endpoint, Layout
 from sparkcep.runtime.metrics import EpochClock
-from sparkcep.runtime.output_log import OutputLog
+from sparkcep.runtime.output_log import OutputLog, SubscriberError
 from sparkcep.runtime.sink import Sink
 from sparkcep.runtime.wiring import host_runners, source_router
 
@@ -361,7 +361,7 @@ class Deployment:
         """Run every instance until nothing moves (in-process: results are out when this returns).
 
         An operator that raises fails the deployment (:class:`~sparkcep.errors.OperatorError`);
-        the epoch it was in never reaches the outputs.
+        the epoch it was in never reaches the outputs. A subscriber that raises: :meth:`poll_sink`.
         """
         runners = self.runners
         try:
@@ -372,7 +372,18 @@ class Deployment:
         except OperatorError as e:
             self.fail(e)
             raise
-        self.sink.poll()
+        self.poll_sink()
+
+    def poll_sink(self) -> int:
+        """Move what the output channels hold into the output logs. A subscriber that raises fails the
+        deployment (``SINK``, naming its error) once its rows are out: the next call on it raises."""
+        try:
+            return self.sink.poll()
+        except SubscriberError as e:
+            error = EngineError(f"query {self.query.name!r}: {e}", "SINK")
+            error.__cause__ = e.__cause__
+            self.fail(error)
+            return 0
 
     def fail(self, error: EngineError) -> None:
         """Mark the deployment failed with ``error`` (the first one wins) and say so to ``on_fail``."""

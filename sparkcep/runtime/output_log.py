@@ -66,6 +66,25 @@ class NotHeld(EngineError):
     code = "NOT_HELD"
 
 
+class SubscriberError(EngineError):
+    """A subscriber's callback raised (its error is the cause): the rows are in the log and every other
+    subscriber got them; the query producing them fails (``SINK``)."""
+
+    code = "SINK"
+
+
+def extend_logs(logs: dict, per_log: dict[str, list], epoch: int) -> SubscriberError | None:
+    """One epoch's rows into their logs (``{output: [(partition, batch)]}``), every log taking its own
+    even when a subscriber of another raises; returns the first :class:`SubscriberError`."""
+    failed = None
+    for out, batches in per_log.items():
+        try:
+            logs[out].extend(batches, epoch)
+        except SubscriberError as e:
+            failed = failed or e
+    return failed
+
+
 @dataclass
 class _Partition:
     """Retained batches of one partition; ``starts[i]`` is the position of ``batches[i]``'s first row."""
@@ -126,6 +145,7 @@ class OutputLog:
         rows it published before). With a :attr:`journal` (a cluster's data
         path), the rows reach its standby before any reader sees them; while
         no standby holds them, :class:`NotHeld` and the log is unchanged.
+        A subscriber that raises: :class:`SubscriberError`, once every subscriber got the rows.
         """
         if epoch is not None and epoch <= self.epoch:
             return
@@ -151,9 +171,17 @@ class OutputLog:
                 self.rows += batch.num_rows
             if self.retention is not None:
                 self._retain()
+        failed = None
         for _, _, v in visible:
-            for fn in self.subscribers:
-                fn(v)
+            for fn in list(self.subscribers):
+                try:
+                    fn(v)
+                except Exception as e:  # the others still get the rows: they are in the log
+                    if failed is None:
+                        failed = SubscriberError(f"a subscriber of output {self.name!r} raised {type(e).__name__}: {e}")
+                        failed.__cause__ = e
+        if failed is not None:
+            raise failed
 
     def _stored_batch(self, batch: pa.RecordBatch, visible: pa.RecordBatch) -> pa.RecordBatch:
         """The visible fields plus each row's output id: sequence number and id (-1 where there are

@@ -146,10 +146,10 @@ class RemoteDeployment(Deployment):
         """Move what the output channels hold into the output logs (the collector thread calls it)."""
         try:
             with self.sink_lock:
-                return 0 if self.closed else self.sink.poll()
+                return 0 if self.closed else super().poll_sink()
         except ChannelClosed as e:
             self.cluster.blame(self, e)
-        except Exception as e:  # a subscriber or a log failed: the deployment fails
+        except Exception as e:  # a log failed: the deployment fails
             self.fail(EngineError(f"query {self.query.name}: delivering results failed: "
                                   f"{type(e).__name__}: {e}", "SINK"))
         return 0

@@ -10,7 +10,7 @@ from sparkcep.core import columns
 from sparkcep.runtime.channels import Abort, Consumer, Data, Progress, Retire
 from sparkcep.runtime.layout import Endpoint, Layout
 from sparkcep.runtime.metrics import EpochClock, Histogram, record_latency
-from sparkcep.runtime.output_log import NotHeld
+from sparkcep.runtime.output_log import NotHeld, SubscriberError, extend_logs
 
 EPOCH_LOG = 1 << 14  # epochs whose publication the sink remembers (time, epoch, latency)
 
@@ -36,8 +36,9 @@ class Sink:
     Transfer, rescaling, a replica rebuilt) adds the new generation's feeds
     and retires the old ones when their ``Retire`` record arrives.
 
-    ``deliver(epoch, {output: [(partition, batch)]})`` takes each epoch's rows;
-    by default they go into the output logs. When a log cannot show rows yet
+    ``deliver(epoch, {output: [(partition, batch)]})`` takes each epoch's rows
+    and returns the error of a subscriber that raised, if one did; by default
+    they go into the output logs. When a log cannot show rows yet
     (:class:`~sparkcep.runtime.output_log.NotHeld`: a cluster's data path
     without a standby), that epoch and the later ones wait for the next poll.
 
@@ -104,11 +105,13 @@ class Sink:
         return None
 
     def _publish(self, upto: int) -> None:
-        now = time.monotonic_ns()
+        """Publish the epochs up to ``upto``; a subscriber that raised is raised once they are out
+        (:class:`~sparkcep.runtime.output_log.SubscriberError`)."""
+        now, failed = time.monotonic_ns(), None
         for epoch in sorted(e for e in self.staged if e <= upto):
             if epoch not in self.aborted:
                 try:
-                    self._stage_out(epoch, self.staged[epoch], now)
+                    failed = self._stage_out(epoch, self.staged[epoch], now) or failed
                 except NotHeld:
                     upto = epoch - 1
                     break
@@ -119,23 +122,25 @@ class Sink:
                 self.epoch_log.append((now, epoch, now - arrival))
         self.aborted = {e for e in self.aborted if e > upto}
         self.published = upto
+        if failed is not None:
+            raise failed
 
-    def _stage_out(self, epoch: int, messages: list[tuple[int, Data]], now: int) -> None:
+    def _stage_out(self, epoch: int, messages: list[tuple[int, Data]], now: int) -> SubscriberError | None:
         per_log: dict[str, list] = {}
         for partition, msg in messages:
             for out in self.layout.output_names(msg.port):
                 per_log.setdefault(out, []).append((partition, msg.batch))
-        self.deliver(epoch, per_log)
+        failed = self.deliver(epoch, per_log)
         for out, batches in per_log.items():
             for _, batch in batches:
                 seq = batch.column(columns.SEQ).to_numpy()
                 record_latency(self.latency.setdefault(out, Histogram()), self.clock, seq, now)
                 self.rows[out] = self.rows.get(out, 0) + batch.num_rows
+        return failed
 
-    def _into_logs(self, epoch: int, per_log: dict[str, list]) -> None:
+    def _into_logs(self, epoch: int, per_log: dict[str, list]) -> SubscriberError | None:
         """One epoch's rows into the logs, each log taking all of them at once."""
-        for out, batches in per_log.items():
-            self.logs[out].extend(batches, epoch)
+        return extend_logs(self.logs, per_log, epoch)
 
     def retired(self, feeds: list[Feed]) -> bool:
         """Have all of ``feeds`` passed their generation's ``Retire`` record?"""

@@ -176,6 +176,42 @@ def test_collect_and_subscribe_give_every_row_once(api):
         subscription.cancel()  # idempotent
 
 
+def test_a_subscriber_that_raises_is_told_and_the_others_get_its_rows(api):
+    """Its error reaches ``on_error`` as SINK, naming it, and the other subscriber gets every row the
+    failing batch carried. On an engine the query then fails (the README's ``subscribe``); a cluster
+    client's callback is the client's own: only its subscription ends. With workers=0 the user's error
+    came raw out of ``send`` again and again, ``on_error`` was never called and the other subscriber
+    never got the rows."""
+    with Deployment(api, "badsub", parallelism=2, bins=BINS) as d:
+        errors, got, lock = [], [], threading.Lock()
+
+        def broken(batch):
+            raise KeyError("broken callback")
+
+        def take(batch):
+            with lock:
+                got.append(batch)
+        api.engine.subscribe(d.output, broken, on_error=errors.append)
+        api.engine.subscribe(d.output, take)
+        for _ in range(3):  # the third send's watermark closes the first window: its rows come out
+            d.send()
+        deadline = time.monotonic() + 30
+        while not errors and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [(type(e), e.code) for e in errors] == [(cep.EngineError, "SINK")], errors
+        assert "KeyError" in str(errors[0]) and "broken callback" in str(errors[0])
+        if api.kind == "cluster":
+            d.send()
+            everything = reference(d.frames) if d.end_and_check() else None
+        else:
+            assert code_of(d.send)[1] == "SINK"
+            everything = {key: v for key, v in reference(d.frames[:3]).items() if key[0] == 0}
+        while len(per_key(list(got))) < len(everything) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with lock:
+            assert per_key(got) == everything
+
+
 def test_migrate_with_numpy_integers_moves_exactly_the_bins_asked(api):
     with Deployment(api, "mig", parallelism=2, bins=BINS) as d:
         d.send()
