@@ -28,12 +28,16 @@ def closest(given: str, valid) -> str | None:
     return close[0] if close else None
 
 
+def did_you_mean(given, valid) -> str:
+    """`` (did you mean 'x'?)`` with the name in ``valid`` that ``given`` most likely misspells, or ``""``."""
+    near = closest(str(given), valid)
+    return f" (did you mean {near!r}?)" if near else ""
+
+
 def unknown(function: str, given: str, valid, error=QueryError):
     """The error for keyword ``given`` of ``function``, which takes the keywords ``valid``."""
-    near = closest(given, valid)
-    hint = f" (did you mean {near!r}?)" if near else ""
-    return error(f"{function}() got an unknown argument {given!r}{hint}; its arguments: {', '.join(sorted(valid))}",
-                 CODE)
+    return error(f"{function}() got an unknown argument {given!r}{did_you_mean(given, valid)}; "
+                 f"its arguments: {', '.join(sorted(valid))}", CODE)
 
 
 def checked(error=QueryError):

@@ -19,7 +19,7 @@ import uuid
 import pyarrow as pa
 
 from sparkcep import auth
-from sparkcep.arguments import checked, closest, function, integer, number, seconds
+from sparkcep.arguments import checked, did_you_mean, function, integer, number, seconds
 from sparkcep.core import columns
 from sparkcep.core.ingest import check_event_times, to_batches
 from sparkcep.deployed import Deployed, LocalDeployed
@@ -216,9 +216,11 @@ class Engine:
             raise QueryError(f"output {clash[0]!r} of query {query.name!r} is already a stream of this engine")
         for name, src in query.sources.items():
             for other in self.streams.get(name, ()):
-                if other.query.sources[name].schema != src.schema:
-                    raise QueryError(f"stream {name!r} is declared with schema {src.schema} but query "
-                                     f"{other.query.name!r} declares it as {other.query.sources[name].schema}")
+                _check_same_stream(name, src, other.query.sources[name], other.query.name)
+            if name in self._ended:
+                readers = sorted(d.query.name for d in self.streams[name])
+                raise QueryError(f"stream {name!r} has ended (queries {readers} read it): query {query.name!r} "
+                                 f"would get no input; undeploy them first or read another stream", "ENDED")
             if name in self.outputs:
                 raise QueryError(f"stream {name!r} is an output of another query")
         replicas = integer(replicas, "replicas", minimum=1, code="BAD_REPLICAS")
@@ -280,8 +282,7 @@ class Engine:
         self._check_open()
         handle = self._deployed.get(name)
         if handle is None:
-            near = closest(str(name), self._deployed)
-            raise QueryError(f"no query named {name!r} is deployed{f' (did you mean {near!r}?)' if near else ''}; "
+            raise QueryError(f"no query named {name!r} is deployed{did_you_mean(name, self._deployed)}; "
                              f"queries: {sorted(self._deployed)}", "UNKNOWN_QUERY")
         return handle
 
@@ -321,8 +322,7 @@ class Engine:
             if self._balancer is not None:
                 self._balancer.forget(name)
             if dep is None:
-                near = closest(str(name), self.deployments)
-                raise QueryError(f"no query named {name!r} is deployed{f' (did you mean {near!r}?)' if near else ''}"
+                raise QueryError(f"no query named {name!r} is deployed{did_you_mean(name, self.deployments)}"
                                  f"; queries: {sorted(self.deployments)}", "UNKNOWN_QUERY")
             for out in dep.query.outputs:
                 self.outputs.pop(out, None)
@@ -532,18 +532,27 @@ class Engine:
     def _log(self, output: str) -> OutputLog:
         self._check_open()
         if output not in self.outputs:
-            raise UnknownStreamError(f"no deployed query has an output named {output!r}; "
-                                     f"outputs: {sorted(self.outputs)}")
+            raise UnknownStreamError(f"no deployed query has an output named {output!r}"
+                                     f"{did_you_mean(output, self.outputs)}; outputs: {sorted(self.outputs)}")
         return self.outputs[output]
 
     def _deployments_of(self, stream: str) -> list[Deployment]:
         self._check_open()
         if stream not in self.streams:
-            raise UnknownStreamError(f"no deployed query reads a stream named {stream!r}; "
-                                     f"streams: {sorted(self.streams)}")
+            raise UnknownStreamError(f"no deployed query reads a stream named {stream!r}"
+                                     f"{did_you_mean(stream, self.streams)}; streams: {sorted(self.streams)}")
         return self.streams[stream]
 
     def _check_open(self) -> None:
         if self._closed:
             raise EngineError("the engine is closed", "CLOSED")
 
+
+def _check_same_stream(name: str, mine, theirs, other: str) -> None:
+    """A stream read by two queries is one stream: the same schema, event time field and ``max_ahead``
+    (its rows are stamped once, for every query reading it)."""
+    for what, a, b in (("schema", mine.schema, theirs.schema), ("event time field", mine.time_field, theirs.time_field),
+                       ("max_ahead (us)", mine.max_ahead_us, theirs.max_ahead_us)):
+        if a != b:
+            raise QueryError(f"stream {name!r} is declared with {what} {a} but query {other!r} declares it with "
+                             f"{b}: queries reading one stream must declare it alike")

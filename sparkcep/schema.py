@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from sparkcep.arguments import did_you_mean
 from sparkcep.errors import SchemaError
 
 # Engine type name -> Arrow type. Timestamps are microseconds since epoch, UTC.
@@ -73,7 +74,7 @@ class Schema:
     def type_of(self, name: str, where: str = "") -> str:
         if name not in self.fields:
             at = f" in {where}" if where else ""
-            raise SchemaError(f"unknown field {name!r}{at}; fields are {self.names}")
+            raise SchemaError(f"unknown field {name!r}{at}{did_you_mean(name, self.names)}; fields are {self.names}")
         return self.fields[name]
 
     def to_arrow(self) -> pa.Schema:

@@ -76,7 +76,7 @@ import numpy as np
 import pyarrow as pa
 
 from sparkcep import auth
-from sparkcep.arguments import host_port
+from sparkcep.arguments import did_you_mean, host_port
 from sparkcep.deployed import CALLS
 from sparkcep.gateway import discovery
 from sparkcep.gateway.deployed import from_wire, options_from_wire, to_wire
@@ -235,7 +235,7 @@ class Endpoint:
             log_ = self.engine.outputs.get(stream)
             if log_ is None:
                 hint = " (an input stream: write to it, read one of its query's outputs)" \
-                    if self._input_schema(stream) is not None else ""
+                    if self._input_schema(stream) is not None else did_you_mean(stream, [*self.engine.outputs, METRICS])
                 raise UnknownStreamError(f"no deployed query has an output stream named {stream!r}{hint}; "
                                          f"outputs: {sorted(self.engine.outputs) + [METRICS]}")
         run, dep = h.get("engine"), h.get("deployment")
@@ -280,8 +280,9 @@ class Endpoint:
             src = self._input_schema(stream)
             if src is not None:
                 return {"kind": "input", "fields": dict(src.schema.fields), "time_field": src.time_field}, b""
-            raise UnknownStreamError(f"no deployed query has a stream named {stream!r}; inputs: "
-                                     f"{sorted(self.engine.streams)}, outputs: "
+            named = [*self.engine.streams, *self.engine.outputs, METRICS]
+            raise UnknownStreamError(f"no deployed query has a stream named {stream!r}{did_you_mean(stream, named)}; "
+                                     f"inputs: {sorted(self.engine.streams)}, outputs: "
                                      f"{sorted(self.engine.outputs) + [METRICS]}")
 
     def _op_send(self, h, payload):
@@ -302,8 +303,9 @@ class Endpoint:
     def _op_stage(self, h, payload):
         stream = h["stream"]
         if self._input_schema(stream) is None:
-            raise UnknownStreamError(f"no deployed query reads a stream named {stream!r}; streams: "
-                                     f"{sorted(self.engine.streams)}")
+            raise UnknownStreamError(f"no deployed query reads a stream named {stream!r}"
+                                     f"{did_you_mean(stream, self.engine.streams)}; "
+                                     f"streams: {sorted(self.engine.streams)}")
         table = from_ipc(payload)
         table = table if table is not None else pa.table({})
         key = (str(h["writer"]), int(h["batch"]), int(h["partition"]), str(h["attempt"]), int(h["chunk"]))

@@ -19,7 +19,7 @@ import logging
 import threading
 from collections import deque
 
-from sparkcep.arguments import closest, integer
+from sparkcep.arguments import did_you_mean, integer
 from sparkcep.errors import EngineError, QueryError
 from sparkcep.migration import plan
 from sparkcep.migration.megaphone import migrate_bins
@@ -202,9 +202,8 @@ class Migrator:
     @staticmethod
     def _subquery(dep, operator: str) -> str:
         if operator not in dep.plan.sq_of:
-            near = closest(str(operator), dep.plan.sq_of)
             raise QueryError(f"query {dep.query.name!r} has no operator {operator!r}"
-                             f"{f' (did you mean {near!r}?)' if near else ''}; operators: {sorted(dep.plan.sq_of)}",
+                             f"{did_you_mean(operator, dep.plan.sq_of)}; operators: {sorted(dep.plan.sq_of)}",
                              "UNKNOWN_OPERATOR")
         return dep.plan.sq_of[operator].name
 
@@ -218,8 +217,7 @@ class Migrator:
         im = next((im for im in self.cluster.ims if im.name == name), None)
         if im is None:
             names = [im.name for im in self.cluster.ims if im.dead is None]
-            near = closest(str(name), names)
-            raise EngineError(f"no instance manager named {name!r}{f' (did you mean {near!r}?)' if near else ''}; "
+            raise EngineError(f"no instance manager named {name!r}{did_you_mean(name, names)}; "
                               f"instance managers: {names}", "UNKNOWN_INSTANCE_MANAGER")
         if im.dead is not None:
             raise EngineError(f"instance manager {name!r} died: {im.dead}", "WORKER_DIED")

@@ -13,7 +13,7 @@ epoch:
 
 from __future__ import annotations
 
-from sparkcep.arguments import closest, integer
+from sparkcep.arguments import did_you_mean, integer
 from sparkcep.errors import QueryError
 
 STRATEGIES = ("all-at-once", "fluid", "batched")
@@ -22,9 +22,8 @@ Move = tuple[int, int, int]  # (bin, from instance, to instance)
 
 def check_strategy(strategy: str) -> str:
     if strategy not in STRATEGIES:
-        near = closest(str(strategy), STRATEGIES)
         raise QueryError(f"unknown migration strategy {strategy!r}"
-                         f"{f' (did you mean {near!r}?)' if near else ''}; strategies: {', '.join(STRATEGIES)}",
+                         f"{did_you_mean(strategy, STRATEGIES)}; strategies: {', '.join(STRATEGIES)}",
                          "BAD_STRATEGY")
     return strategy
 

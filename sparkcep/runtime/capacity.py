@@ -115,7 +115,8 @@ def check_deployment(query, parallelism, bins, replicas: int, retain, cluster) -
     bins = bins_of(bins)
     _check_retention(query, retain, Machine.now())
     check_generation(p, parallelism_of(p, parallelism, bins), bins, replicas, cluster,
-                     f"query {query.name!r} at parallelism {parallelism!r}")
+                     f"query {query.name!r} at parallelism {parallelism!r}"
+                     f"{f' with {replicas:,} replicas' if replicas > 1 else ''}")
 
 
 def check_generation(p: Plan, parallelism: dict[str, int], bins: int, copies: int, cluster, what: str) -> None:
@@ -126,22 +127,28 @@ def check_generation(p: Plan, parallelism: dict[str, int], bins: int, copies: in
     bound: one to another host is TCP, which holds as much in flight, in memory). Instance managers all
     on other machines are not sized from here."""
     layout = Layout(p, parallelism)
-    instances = sum(parallelism.values())
+    instances = _count(sum(parallelism.values()), "instance")
+    each, fewer = (f"{copies:,} replicas of ", "use fewer replicas, instances or bins") if copies > 1 else \
+        ("", "use fewer instances or fewer bins")
     state = sum(n * (instance_state_bytes(p, sq, bins) + INSTANCE_BYTES) for sq, n in parallelism.items())
     machine = Machine.now()
     live = [] if cluster is None else [im for im in cluster.ims if im.dead is None]
     if not live:
         _fits(what, copies * state, "memory", machine.memory_free,
-              f"{instances:,} instances in the engine's process", "use fewer instances or fewer bins")
+              f"{each}{instances} in the engine's process", fewer)
         return
     if not any(im.info.host.startswith(machine_id() + "/") for im in live):
         return
     rings = channel_count(layout)
     ring = cluster.ring_bytes + HEADER_BYTES
-    _fits(what, copies * rings * ring, SHM, machine.shm_free, f"{rings:,} rings of {_size(ring)}",
+    _fits(what, copies * rings * ring, SHM, machine.shm_free, f"{each}{_count(rings, 'ring')} of {_size(ring)}",
           "use fewer instances, or a smaller ring_bytes")
     _fits(what, copies * (rings * ring + state), "memory", machine.memory_free,
-          f"{rings:,} rings and {instances:,} instances", "use fewer instances or fewer bins")
+          f"{each}{_count(rings, 'ring')} and {instances}", fewer)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
 def channel_count(layout: Layout) -> int:

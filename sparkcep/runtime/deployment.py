@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from sparkcep.arguments import closest, integer
+from sparkcep.arguments import did_you_mean, integer
 from sparkcep.core.operators import WM_END, WM_NONE
 from sparkcep.errors import EngineError, OperatorError, QueryError
 from sparkcep.query.planner import Plan, plan
@@ -69,9 +69,8 @@ def parallelism_of(p: Plan, parallelism, bins: int | None = None) -> dict[str, i
         out = {sq.name: 1 for sq in p.subqueries}
         for name, n in parallelism.items():
             if name not in p.sq_of:
-                near = closest(str(name), p.sq_of)
                 raise QueryError(f"parallelism names operator {name!r}, which query {p.query.name!r} does not "
-                                 f"have{f' (did you mean {near!r}?)' if near else ''}; operators: {sorted(p.sq_of)}",
+                                 f"have{did_you_mean(name, p.sq_of)}; operators: {sorted(p.sq_of)}",
                                  "UNKNOWN_OPERATOR")
             sq = p.sq_of[name]
             n = integer(n, f"parallelism of {name!r}", minimum=1, code="BAD_PARALLELISM")
@@ -350,9 +349,8 @@ class Deployment:
 
     def _table(self, operator: str):
         if operator not in self.tables:
-            near = closest(str(operator), self.tables)
             raise QueryError(f"query {self.query.name!r} has no route-key operator named {operator!r}"
-                             f"{f' (did you mean {near!r}?)' if near else ''} "
+                             f"{did_you_mean(operator, self.tables)} "
                              f"(a stateful operator with by=/on= keys on more than one instance); "
                              f"bin tables: {sorted(self.tables)}", "UNKNOWN_OPERATOR")
         return self.tables[operator]

@@ -67,6 +67,50 @@ def test_deploy_errors():
             e.deploy("not a query")
 
 
+def test_queries_reading_one_stream_declare_it_alike():
+    """Its rows are stamped once for all its readers: a second query giving the stream another event time
+    field or max_ahead got the first query's, its windows silently in the wrong time."""
+    fields = {"k": "string", "t1": "timestamp", "t2": "timestamp"}
+
+    def reading(name, **declared):
+        q = cep.Query(name)
+        q.output(f"{name}_out", q.stream("ev", fields, **declared).aggregate(cep.TimeWindow("10s"), n=cep.count()))
+        return q
+    with cep.Engine.local(workers=0) as e:
+        e.deploy(reading("q1", time="t1"))
+        with pytest.raises(cep.QueryError, match="event time field t2 but query 'q1' declares it with t1"):
+            e.deploy(reading("q2", time="t2"))
+        with pytest.raises(cep.QueryError, match="max_ahead"):
+            e.deploy(reading("q3", time="t1", max_ahead="1h"))
+        e.deploy(reading("q4", time="t1"))
+        assert sorted(e.metrics()["queries"]) == ["q1", "q4"]
+
+
+def test_a_query_is_not_deployed_on_a_stream_that_has_ended():
+    """It could never get a row; once no query reads the stream, a deploy starts it afresh."""
+    with cep.Engine.local(workers=0) as e:
+        e.deploy(counting("q1", out="o1"))
+        e.send("ev", table(rows(1, 2), EV))
+        e.end("ev")
+        with pytest.raises(cep.QueryError, match=r"stream 'ev' has ended \(queries \['q1'\] read it\)") as err:
+            e.deploy(counting("q2", out="o2"))
+        assert err.value.code == "ENDED"
+        e.undeploy("q1")
+        e.deploy(counting("q2", out="o2"))
+        assert e.send("ev", table(rows(3), EV)) == 1
+
+
+def test_a_misspelled_stream_output_or_field_is_named_with_the_closest_one():
+    with cep.Engine.local(workers=0) as e:
+        e.deploy(counting(stream="events", out="counts"))
+        with pytest.raises(cep.UnknownStreamError, match=r"'event' \(did you mean 'events'\?\)"):
+            e.send("event", table(rows(1), EV))
+        with pytest.raises(cep.UnknownStreamError, match=r"'count' \(did you mean 'counts'\?\)"):
+            e.collect("count")
+    with pytest.raises(cep.SchemaError, match=r"'kk' in aggregate by= \(did you mean 'k'\?\)"):
+        cep.Query("q").stream("ev", EV).aggregate(cep.TimeWindow("1s"), by="kk", n=cep.count())
+
+
 def test_subscribe_sees_every_batch_from_then_on():
     seen = []
     with cep.Engine.local() as e:
