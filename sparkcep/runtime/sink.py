@@ -111,7 +111,8 @@ class Sink:
         for epoch in sorted(e for e in self.staged if e <= upto):
             if epoch not in self.aborted:
                 try:
-                    failed = self._stage_out(epoch, self.staged[epoch], now) or failed
+                    error = self._stage_out(epoch, self.staged[epoch], now)
+                    failed = failed or error
                 except NotHeld:
                     upto = epoch - 1
                     break
