@@ -177,7 +177,7 @@ def host_port(listen: str, code: str = "BAD_LISTEN") -> tuple[str, int]:
     host, sep, port = listen.rpartition(":") if isinstance(listen, str) else ("", "", "")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
+    if not sep or not host or not port.isdecimal() or int(port) > 65535:
         raise EngineError(f"listen={listen!r}: expected HOST:PORT with a port 0-65535 (0: any free port), "
                           "e.g. '127.0.0.1:0'; other hosts reach it only on an explicit address such as "
                           "'0.0.0.0:PORT'", code)

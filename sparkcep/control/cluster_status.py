@@ -59,6 +59,9 @@ def cluster(registry: Registry) -> dict:
 def render(doc: dict) -> str:
     """The status document as tables."""
     engine = doc.get("engine")
+    if not any(doc.get(k) for k in ("engine_hosts", "orchestrators", "instance_managers", "deployments", "events")):
+        return (f"cluster {doc['cluster']}: nothing is registered here: no orchestrator, engine host or worker has "
+                "joined it (is the path the one they were started with?)")
     lines = [f"cluster {doc['cluster']}: data path "
              + (f"{engine.get('name')} at {engine['address']} (pid {engine['pid']}, era {engine.get('era')})"
                 if engine else "not served now (no primary engine host)")]

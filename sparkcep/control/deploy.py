@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import runpy
 import sys
+import traceback
 
 from sparkcep import auth
 from sparkcep.arguments import bounded
@@ -41,6 +42,13 @@ def load_query(path: str):
         names = runpy.run_path(path, run_name="__sparkcep_query__")
     except OSError as e:
         sys.exit(f"sparkcep deploy: cannot read {path}: {e}")
+    except SparkcepError as e:  # the query it writes is refused: one line, as every refusal
+        sys.exit(f"sparkcep deploy: {path}: {e} [{e.code}]")
+    except Exception as e:  # the user's own code failed: where, not our traceback
+        tb = traceback.extract_tb(e.__traceback__)
+        at = next((f"line {f.lineno}" for f in reversed(tb) if f.filename == path), None) \
+            or (f"line {e.lineno}" if isinstance(e, SyntaxError) else "running it")
+        sys.exit(f"sparkcep deploy: {path} raised {type(e).__name__} at {at}: {e}")
     query = names.get("query")
     if not isinstance(query, cep.Query):
         sys.exit(f"sparkcep deploy: {path} must define `query`, a sparkcep.Query (found {type(query).__name__})")

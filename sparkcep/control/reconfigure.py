@@ -90,6 +90,8 @@ def _assignment(args) -> dict[int, int]:
                 raise QueryError(f"{args.file}, line {n}: {line.strip()!r} is not bin=instance", "BAD_BIN")
             to = _number(instance.strip(), f"{args.file}, line {n}: the instance", int, "BAD_INSTANCE")
             out.update(dict.fromkeys(_bins([bins]), to))
+        if not out:
+            raise QueryError(f"{args.file} names no bin: lines of bin=instance (or first-last=instance)", "BAD_BIN")
         return out
     if not args.bins or not args.to:
         raise QueryError("say which bins move where: --bins ... --to ..., or --file FILE", "BAD_OPTION")
@@ -108,8 +110,9 @@ def _bins(words: list[str]) -> list[int]:
     from sparkcep.runtime.deployment import MAX_BINS
     out = []
     for part in (p.strip() for word in words for p in word.split(",")):
-        if not part:
-            continue
+        if not part:  # an empty shell variable, or a doubled comma
+            raise QueryError(f"bins {' '.join(words)!r} hold an empty item: bins are from 0 to {MAX_BINS - 1}, "
+                             "comma-separated (a range: first-last)", "BAD_BIN")
         first, dash, last = part.partition("-")
         if not first:
             raise QueryError(f"bin {part!r}: bins are from 0 to {MAX_BINS - 1} (a range: first-last)", "BAD_BIN")

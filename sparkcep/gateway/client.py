@@ -60,7 +60,7 @@ def resolve(engine: str | None) -> str:
         raise errors.EngineError(f"engine {engine!r} is a cluster: reach it with sparkcep.Engine.connect({engine!r}, "
                                  "token_file=...), sparkcep status --zk, or Spark's engine option", "ENGINE_OPTION")
     host, sep, port = engine.rpartition(":")
-    if not sep or not host or not port.isdigit():
+    if not sep or not host or not port.isdecimal():
         raise errors.EngineError(f"engine option {engine!r} is not host:port, 'local' or a zk:// URL",
                                  "ENGINE_OPTION")
     return engine

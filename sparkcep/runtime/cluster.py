@@ -158,7 +158,7 @@ class Cluster:
 
     def _link(self, address: str, proc, slot: Slot | None) -> InstanceManagerLink:
         host, sep, port = address.rpartition(":")
-        if not sep or not port.isdigit():
+        if not sep or not port.isdecimal():
             raise EngineError(f"instance manager address {address!r} is not host:port", "OPTION")
         try:
             sock = socket.create_connection((host, int(port)), timeout=REPLY_TIMEOUT_S)

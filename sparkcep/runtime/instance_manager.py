@@ -400,13 +400,13 @@ def run(args) -> int:
         node = Topology.load(args.topology).node_of(cpus[0])
         prefer_node(node)
         keep_freed_memory()
+        server = _listen(args.listen)  # a bad or taken address is said at once, not after the warm-up (74 s cold)
+        host, port = server.getsockname()[:2]
         with heartbeat(lambda text: print(f"STARTING {text}", flush=True)) as progress:
             warm_up(progress)  # compiles or loads numba's cache before the first batch
         # numba, pyarrow and numpy leave ~150K long-lived objects; a full collection scanning them
         # stops this process for ~100 ms. Frozen, they are never scanned (a deployment adds hundreds).
         gc.freeze()
-        server = _listen(args.listen)
-        host, port = server.getsockname()[:2]
         im = InstanceManager(args.name or f"worker-{host}-{port}", server, token, once=args.once, node=node)
     except (EngineError, OSError, ValueError) as e:
         print(f"FAILED {e}", flush=True)  # an engine that started us reads it instead of READY

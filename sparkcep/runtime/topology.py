@@ -34,7 +34,7 @@ def parse_cpulist(text: str) -> list[int]:
         if not part:
             continue
         first, dash, last = (x.strip() for x in part.partition("-"))
-        if not (first.isdigit() and (last.isdigit() or not dash)) or int(last or first) > MAX_CPU \
+        if not (first.isdecimal() and (last.isdecimal() or not dash)) or int(last or first) > MAX_CPU \
                 or int(last or first) < int(first):
             raise ValueError(f"expected CPUs as in 3, 0-3 or 0-1,4 (numbers up to {MAX_CPU:,}, each range "
                              f"ascending), got {text!r}")
@@ -71,7 +71,7 @@ class Topology:
         real = str(root) == SYSFS
         if allowed is None and real:
             allowed = set(os.sched_getaffinity(0))
-        dirs = sorted((d for d in root.glob("node[0-9]*") if d.name[4:].isdigit()), key=lambda d: int(d.name[4:]))
+        dirs = sorted((d for d in root.glob("node[0-9]*") if d.name[4:].isdecimal()), key=lambda d: int(d.name[4:]))
         if not dirs:
             if not real:
                 raise EngineError(f"no node directories under {root}", "TOPOLOGY")

@@ -89,15 +89,19 @@ def call(target: Target, fn):
 
     Errors cross into Spark as SparkSourceError, ``[UPMCEP_<CODE>]`` first in the message.
     """
-    deadline = time.monotonic() + RETRY_S
+    start = time.monotonic()
     tries = 0
     while True:
         tries += 1
         try:
             return fn(client(target))
         except SparkcepError as e:
-            again = retryable(e) and (target.address.startswith(ZK) and time.monotonic() < deadline or tries == 1)
+            again = retryable(e) and (target.address.startswith(ZK) and time.monotonic() < start + RETRY_S
+                                      or tries == 1)
             if not again:
+                if tries > 1:  # each try's own limit is in its message: say how long it was tried in all
+                    raise SparkSourceError(f"{e} (tried {tries} times over {time.monotonic() - start:.0f} s)",
+                                           e.code) from None
                 raise spark_error(e) from None
             _forget(target)
             if tries > 1:

@@ -115,7 +115,7 @@ def listen_address(listen: str | None, index: int) -> str:
             raise EngineError(f"listen=host: this host's name {socket.gethostname()!r} has no address ({e}); "
                               "set SPARK_LOCAL_IP or spark.sparkcep.listen=HOST", "LISTEN") from None
     host, sep, port = listen.rpartition(":") if ":" in listen else (listen, ":", "0")
-    if not host or not port.isdigit() or int(port) + index > 65535:
+    if not host or not port.isdecimal() or int(port) + index > 65535:
         raise EngineError(f"listen {listen!r}: expected loopback, host or HOST[:PORT] (worker {index} listens on "
                           "PORT + its index, at most 65535)", "LISTEN")
     return f"{host}:{int(port) + index if int(port) else 0}"
@@ -148,7 +148,7 @@ class Launcher:
         self.executor, self.engine, self.token_file, self.listen, self.zk = executor, engine, token_file, listen, zk
         self.cpus = sorted(os.sched_getaffinity(0))
         self.count = count or len(self.cpus)
-        self.first_cpu = int(executor) * self.count if executor.isdigit() else 0
+        self.first_cpu = int(executor) * self.count if executor.isdecimal() else 0
         self.stopping = threading.Event()
         self.dir = tempfile.mkdtemp(prefix="sparkcep-executor-")  # mode 0700: the token copy lives here
         self.token_path = Path(self.dir) / "token"

@@ -156,7 +156,7 @@ def _integer(value, name: str, minimum: int) -> int:
     (what Spark and the engine count rows and positions in) raises ``OPTION``."""
     if isinstance(value, str):
         text = value.strip()
-        value = int(text) if text.lstrip("-").isdigit() else text
+        value = int(text) if text.lstrip("-").isdecimal() else text
     return integer(value, name, minimum=minimum, maximum=INT64_MAX, error=SparkSourceError, code="OPTION")
 
 

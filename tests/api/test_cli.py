@@ -78,8 +78,10 @@ def test_rescale_and_migrate_from_the_command_line_between_two_runs_of_the_feed(
             cluster.engine.undeploy("clicks")
 
 
-def test_refusals_print_the_code_and_change_nothing(cluster):
+def test_refusals_print_the_code_and_change_nothing(cluster, tmp_path):
     zk = ["--zk", cluster.zk, "--token-file", cluster.token_file]
+    (tmp_path / "empty.txt").write_text("# nothing\n")
+    (tmp_path / "typo.py").write_text('import sparkcep as cep\nquery = cep.Query("t")\nquery.stream("s", "a strin")\n')
     run = cluster.cli("deploy", *zk, "--parallelism", "2", str(ROOT / "examples" / "cluster_query.py"))
     assert run.returncode == 0, run.stderr
     try:
@@ -99,6 +101,12 @@ def test_refusals_print_the_code_and_change_nothing(cluster):
             (["migrate", "clicks", "per_ip", "--bins", "-1", "--to", "1"], "BAD_BIN", "bin '-1': bins are from 0"),
             (["migrate", "clicks", "per_ip"], "BAD_OPTION", "--bins ... --to ..."),
             (["migrate", "clicks", "per_ip", "--file", "/nonexistent"], "BAD_OPTION", "cannot read"),
+            # an empty shell variable, a doubled comma, an empty file: "0 bins" moved and exit 0 before
+            (["migrate", "clicks", "per_ip", "--bins", "", "--to", "1"], "BAD_BIN", "hold an empty item"),
+            (["migrate", "clicks", "per_ip", "--bins", "0,,3", "--to", "1"], "BAD_BIN", "hold an empty item"),
+            (["migrate", "clicks", "per_ip", "--file", str(tmp_path / "empty.txt")], "BAD_BIN", "names no bin"),
+            # a query file the query layer refuses: a 30-line traceback before
+            (["deploy", str(tmp_path / "typo.py")], "SCHEMA", "unknown type 'strin'"),
             (["undeploy", "clickz"], "UNKNOWN_QUERY", "did you mean 'clicks'"),
         ]:
             command, *rest = argv
@@ -109,6 +117,17 @@ def test_refusals_print_the_code_and_change_nothing(cluster):
         assert dep.bin_owners("per_ip") == owners and dep.migrations()["finished"] == []
     finally:
         cluster.engine.undeploy("clicks")
+
+
+def test_status_of_a_path_nothing_joined_says_so(cluster):
+    """A slip in the path showed an empty cluster, as if it were one whose processes had all stopped."""
+    typo = cluster.zk.rpartition("/")[0] + "/dmeo"
+    run = cluster.cli("status", "--zk", typo)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == (f"cluster zk://{typo}: nothing is registered here: no orchestrator, engine host or "
+                                  "worker has joined it (is the path the one they were started with?)"), run.stdout
+    run = cluster.cli("status", "--zk", cluster.zk)
+    assert "nothing is registered" not in run.stdout and "orchestrators (1):" in run.stdout, run.stdout
 
 
 def test_the_feed_ends_with_the_engine_s_message_not_a_traceback(cluster):

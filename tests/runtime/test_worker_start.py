@@ -1,6 +1,7 @@
 """Starting workers: one still compiling kernels is waited for, one stuck or dead is named within seconds."""
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -94,6 +95,20 @@ def test_a_worker_refuses_an_address_it_cannot_listen_on_in_one_line(tmp_path, l
     assert out.stderr.strip().splitlines() == [f"sparkcep worker: listen={listen!r}: expected HOST:PORT with a port "
                                                "0-65535 (0: any free port), e.g. '127.0.0.1:0'; other hosts reach "
                                                "it only on an explicit address such as '0.0.0.0:PORT'"]
+
+
+def test_an_address_taken_is_refused_before_the_kernels_are_compiled(tmp_path):
+    """With numba's cache cold a worker compiled its kernels for a minute or more, then said its address was
+    taken (or malformed)."""
+    token = auth.write(tmp_path / "token", auth.generate())
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cold-cache"))
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        t0 = time.monotonic()
+        out = subprocess.run([sys.executable, "-m", "sparkcep", "worker", "--token-file", str(token), "--once",
+                              "--listen", f"127.0.0.1:{port}"], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 1 and "Address already in use" in out.stderr, out.stderr
+    assert "warming up" not in out.stdout and time.monotonic() - t0 < 20, out.stdout
 
 
 @pytest.mark.parametrize("cpus,says", [("abc", "expected CPUs as in 3, 0-3 or 0-1,4"), ("1-0", "each range ascending"),

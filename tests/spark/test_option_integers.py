@@ -17,7 +17,8 @@ def test_integer_options_take_strings_of_digits_and_integers(given):
     assert options.max_records == options.rows_per_partition == 10 and type(options.max_records) is int
 
 
-@pytest.mark.parametrize("given", ["1.5", 1.5, "true", True, "-3", 0, "ten", str(1 << 63)])
+# "²" is a digit to str.isdigit() that int() refuses: a raw ValueError traceback before
+@pytest.mark.parametrize("given", ["1.5", 1.5, "true", True, "-3", 0, "ten", str(1 << 63), "²", "1²"])
 def test_integer_options_refuse_anything_else(given):
     with pytest.raises(SparkSourceError) as e:
         SourceOptions.parse({"stream": "s", "maxRecordsPerTrigger": given})

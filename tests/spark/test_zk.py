@@ -71,6 +71,18 @@ def test_the_engine_host_is_looked_up_once_and_again_when_it_moves(cluster, monk
     connection._forget(t)
 
 
+def test_a_registry_that_never_answers_is_said_with_how_long_it_was_tried(monkeypatch, tmp_path):
+    """Each lookup's message names its own limit (10 s), while the data source tried three of them: 33 s
+    went by under a message saying 10."""
+    from sparkcep.control import connect
+    token_file = auth.write(tmp_path / "token", auth.generate())
+    monkeypatch.setattr(connect, "REGISTRY_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(connection, "RETRY_S", 1.0)
+    with pytest.raises(SparkSourceError, match=r"^\[UPMCEP_REGISTRY_UNREACHABLE\] no ZooKeeper server answered at "
+                                               r"127\.0\.0\.1:1 within 0\.3 s.* \(tried \d+ times over \d+ s\)$"):
+        call(target_of("zk://127.0.0.1:1/x", str(token_file)), lambda c: c.hello())
+
+
 def launcher(zk: str, token_file, *extra) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, *sys.path]))
     return subprocess.Popen([sys.executable, "-m", "sparkcep.spark.executor", "--executor-id", "7",

@@ -65,7 +65,7 @@ def parse_address(address: str) -> tuple[str, int, str]:
     host, _, port = where.rpartition(":")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-    if kind != "tcp" or not slash or not channel or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if kind != "tcp" or not slash or not channel or not host or not port.isdecimal() or not 0 < int(port) < 65536:
         raise EngineError(f"bad channel address {address!r}; expected tcp:HOST:PORT/CHANNEL_ID", "CHANNEL")
     return host, int(port), channel
 
