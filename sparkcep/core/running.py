@@ -12,6 +12,8 @@ it once; :func:`updates` restores the sequence numbers.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 import pyarrow as pa
 from numba import njit
@@ -40,9 +42,10 @@ def _take_row(ent, b, e, r, touched_b, touched_e, nt):
 
 
 @njit(nogil=True, cache=True)
-def accumulate_known(K, ts, seq, P, V, T, count_at, misses, touched_b, touched_e):
-    """Pass 1: apply the rows whose group has an entry, GROUP rows at a time (their first probes
-    prefetched); the rows of new groups go, in order, to ``misses``. Returns (misses, entries touched).
+def accumulate_known(K, ts, seq, P, V, T, count_at, lo, hi, misses, touched_b, touched_e, nt):
+    """Pass 1 over rows ``lo:hi``: apply the rows whose group has an entry, GROUP rows at a time (their
+    first probes prefetched); the rows of new groups go, in order, to ``misses``. Returns (misses,
+    entries touched).
 
     A group is new for all its rows of the batch or for none, so each group's
     rows are applied in sequence order whichever pass takes them. ``count_at``
@@ -53,12 +56,11 @@ def accumulate_known(K, ts, seq, P, V, T, count_at, misses, touched_b, touched_e
     ops, cols, sis, sfs = P
     vals_i, vals_f, valid, soff, slen, sdata = V
     ent, entf, arena, meta = T
-    n = len(ts)
     rows, bins, entries = np.empty(GROUP, np.int64), np.empty(GROUP, np.int64), np.empty(GROUP, np.int64)
     first = np.empty(GROUP, np.int64)
-    m = nt = 0
-    for g in range(0, n, GROUP):
-        ge = min(n, g + GROUP)
+    m = 0
+    for g in range(lo, hi, GROUP):
+        ge = min(hi, g + GROUP)
         for r in range(g, ge):
             first[r - g] = slot_hash(khash[r], 0)
             touch(ent, kbin[r], first[r - g])
@@ -201,20 +203,25 @@ class RunningAggregate:
         ts, seq = batch.column(columns.TS).to_numpy(), batch.column(columns.SEQ).to_numpy()
         *V, rowstr = self.program.inputs(batch)
         P, V, table = self.program.kernel_args(), tuple(V), self.table
-        if rowstr.any():  # pass 1 does not check room: a string min/max/first/last may append at every hit
-            table.reserve(K[5], rowstr)
         misses, touched_b, touched_e = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
-        m, nt = accumulate_known(K, ts, seq, P, V, table.kernel_state(), self.count_at, misses, touched_b,
-                                 touched_e)
-        pos = 0
-        while pos < m:
-            pos, nt = insert_new(pos, m, misses, K, ts, seq, rowstr, P, V, table.kernel_state(), self.count_at,
-                                 touched_b, touched_e, nt)
-            if pos < m:
-                last_row = -2 - table.ent[touched_b[:nt], touched_e[:nt], AUX]
-                need = fullest(K[5][misses[pos:m]]) // 2  # a batch repeats keys: half of the rows
-                table.grow_for(need, need, K[3], int(rowstr.max()))
-                locate(table.arrays, K, touched_b, touched_e, last_row, nt)
+        lo = nt = 0
+        while lo < n:  # in parts when long strings would widen every arena too far (rows_to_reserve)
+            hi = n
+            if rowstr.any():  # pass 1 does not check room: a string min/max/first/last may append at every hit
+                hi = lo + table.rows_to_reserve(K[5][lo:], rowstr[lo:])
+                with self._renumbering(K, touched_b, touched_e, nt):
+                    table.reserve(K[5][lo:hi], rowstr[lo:hi])
+            m, nt = accumulate_known(K, ts, seq, P, V, table.kernel_state(), self.count_at, lo, hi, misses,
+                                     touched_b, touched_e, nt)
+            pos = 0
+            while pos < m:
+                pos, nt = insert_new(pos, m, misses, K, ts, seq, rowstr, P, V, table.kernel_state(),
+                                     self.count_at, touched_b, touched_e, nt)
+                if pos < m:
+                    need = fullest(K[5][misses[pos:m]]) // 2  # a batch repeats keys: half of the rows
+                    with self._renumbering(K, touched_b, touched_e, nt):
+                        table.grow_for(need, need, K[3], int(rowstr.max()))
+            lo = hi
         last, b, rows = updates(table.ent, touched_b, touched_e, nt, seq, self.wanted)
         cols = [columns.take(batch.column(f), last) for f in self.by]
         cols += self.program.results(rows, table.arena, b)
@@ -222,6 +229,14 @@ class RunningAggregate:
                  pa.array(ts[last], pa.int64()),
                  pa.array(batch.column(columns.WM).to_numpy()[last], pa.int64())]
         return [pa.RecordBatch.from_arrays(cols, names=self.out_schema.names + list(columns.HIDDEN))]
+
+    @contextmanager
+    def _renumbering(self, K, touched_b: np.ndarray, touched_e: np.ndarray, nt: int):
+        """Around a call that may rebuild the table, renumbering its entries: finds the ``nt`` entries
+        the batch has touched again, from their last rows."""
+        last_row = -2 - self.table.ent[touched_b[:nt], touched_e[:nt], AUX]
+        yield
+        locate(self.table.arrays, K, touched_b, touched_e, last_row, nt)
 
     def fire(self, watermark: int | None) -> list[pa.RecordBatch]:
         """Nothing: every row left with the batch that updated it."""
