@@ -107,6 +107,10 @@ def _columns(stream: str, data) -> dict:
 
 def _convert(stream: str, field: str, want: str, values) -> pa.Array:
     target = pa.schema([(field, _arrow(want))]).field(0).type
+    if want == "timestamp" and isinstance(values, (list, tuple)):  # pyarrow drops a pd.Timestamp's nanoseconds
+        for row, v in enumerate(values):
+            if getattr(v, "nanosecond", 0):
+                raise InputError(f"stream {stream!r}: field {field!r}: {_finer(field, row, v.to_datetime64())}", "TYPE")
     try:
         arr = values if isinstance(values, pa.Array) else pa.array(values, from_pandas=True)
     except _BAD_VALUE as e:
@@ -152,8 +156,11 @@ def _sub_microsecond(field: str, arr: pa.Array) -> str | None:
     bad = np.flatnonzero(ns % 1000)
     if not len(bad):
         return None
-    row = int(bad[0])
-    return (f"row {row} is {np.datetime64(int(ns[row]), 'ns')}, finer than the microseconds the engine keeps; "
+    return _finer(field, int(bad[0]), np.datetime64(int(ns[bad[0]]), "ns"))
+
+
+def _finer(field: str, row: int, value: np.datetime64) -> str:
+    return (f"row {row} is {value}, finer than the microseconds the engine keeps; "
             f"round the times first, e.g. df[{field!r}].dt.floor(\"us\") in pandas")
 
 

@@ -96,7 +96,8 @@ def test_a_time_finer_than_a_microsecond_is_refused_naming_row_and_value():
     table = pa.Table.from_batches([whole, pa.RecordBatch.from_pandas(frame, preserve_index=False)])
     with cep.Engine.local() as e:
         e.deploy(query())
-        for data, row in [(frame, 2), (frame.set_axis([7, 8, 9]), 2), (table, 4)]:  # rows count from 0
+        as_list = {"k": ["a"] * 3, "ts": list(ts), "v": [0, 1, 2], "x": [0.5] * 3}  # pyarrow truncated these
+        for data, row in [(frame, 2), (frame.set_axis([7, 8, 9]), 2), (table, 4), (as_list, 2)]:  # rows from 0
             with pytest.raises(cep.InputError) as err:
                 e.send("ev", data)
             assert err.value.code == "TYPE"
