@@ -330,15 +330,27 @@ def aggregate(rows, window, by=(), funcs=()):
 # join
 # --------------------------------------------------------------------------------------
 def join_names(left_fields, right_fields, on):
-    """Output field names: (left name -> out, right name -> out) per the contract."""
+    """Output field names: (left name -> out, right name -> out) per the contract: a clash takes
+    ``_left`` / ``_right``, again until it names no other field."""
     shared = {lk for lk, rk in on if lk == rk}
+    taken = {"window_start", "window_end", *left_fields, *right_fields}
+
+    def suffixed(n, suffix):
+        n += suffix
+        while n in taken:
+            n += suffix
+        taken.add(n)
+        return n
+
     lnames, rnames = {}, {}
     for n in left_fields:
-        lnames[n] = n if (n in shared or n not in right_fields) else f"{n}_left"
+        clash = n in ("window_start", "window_end") or (n in right_fields and n not in shared)
+        lnames[n] = suffixed(n, "_left") if clash else n
     for n in right_fields:
         if n in shared:
             continue
-        rnames[n] = n if n not in left_fields else f"{n}_right"
+        clash = n in ("window_start", "window_end") or n in left_fields
+        rnames[n] = suffixed(n, "_right") if clash else n
     return lnames, rnames
 
 

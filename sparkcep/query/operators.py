@@ -8,7 +8,7 @@ Each ``Stream`` method returns a new stream; the query records the graph.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable, Iterable
 
 import pyarrow as pa
 
@@ -191,23 +191,30 @@ class Join(Operator):
         for side in (left, right):
             if side.time_field is None:
                 raise QueryError(f"join() needs an event-time field on both inputs; {side.name!r} has none")
-        pairs = [] if on is None else [(on, on)] if isinstance(on, str) else \
-            [(p, p) if isinstance(p, str) else tuple(p) for p in on]
+        pairs = _key_pairs(on)
         for lk, rk in pairs:
             lt, rt = left.schema.type_of(lk, "join left"), right.schema.type_of(rk, "join right")
             if lt != rt:
                 raise SchemaError(f"join key {lk!r} ({lt}) and {rk!r} ({rt}) have different types")
         shared = {lk for lk, rk in pairs if lk == rk}
         fields, self.left_names, self.right_names = {"window_start": "timestamp", "window_end": "timestamp"}, {}, {}
+        taken = {*fields, *left.schema.fields, *right.schema.fields}
+
+        def renamed(n: str, suffix: str) -> str:  # suffixed until it names no other field (v_left may exist)
+            while (n := n + suffix) in taken:
+                pass
+            taken.add(n)
+            return n
+
         for n, t in left.schema.fields.items():
             clash = n in fields or (n in right.schema.fields and n not in shared)
-            out = f"{n}_left" if clash else n
+            out = renamed(n, "_left") if clash else n
             self.left_names[n] = out
             fields[out] = t
         for n, t in right.schema.fields.items():
             if n in shared:
                 continue
-            out = f"{n}_right" if n in left.schema.fields or n in ("window_start", "window_end") else n
+            out = renamed(n, "_right") if n in left.schema.fields or n in ("window_start", "window_end") else n
             self.right_names[n] = out
             fields[out] = t
         schema = Schema(fields)
@@ -223,6 +230,19 @@ class Join(Operator):
     def describe(self):
         on = ", ".join(l if l == r else f"{l}={r}" for l, r in self.on) or "-"
         return f"join({self.window!r}, on=[{on}]" + (f", where={self.where!r})" if self.where is not None else ")")
+
+
+def _key_pairs(on) -> list[tuple[str, str]]:
+    """join()'s ``on``: a field, or a list of fields and (left field, right field) pairs."""
+    if on is None:
+        return []
+    items = [on] if isinstance(on, str) else list(on) if isinstance(on, Iterable) and not isinstance(on, dict) else None
+    pairs = [(p, p) if isinstance(p, str) else tuple(p) if isinstance(p, (list, tuple)) else None
+             for p in items or ()]
+    if items is None or any(p is None or len(p) != 2 or not all(isinstance(f, str) for f in p) for p in pairs):
+        raise QueryError(f"join on={on!r}: expected a field name, or a list of field names and (left field, "
+                         'right field) pairs, e.g. on=["k", ("user", "user_id")]')
+    return pairs
 
 
 class StatefulOperator:

@@ -63,6 +63,40 @@ def test_keys_with_different_names_both_appear():
     assert got[["k", "id", "a", "b"]].values.tolist() == [["x", "x", 1, 9]]
 
 
+def test_a_clash_renamed_onto_another_field_is_suffixed_again():
+    """Left v_left and v, right v and v_right: the left v renamed v_left overwrote the left v_left (and the
+    right v the right v_right), the join's rows silently lost two columns."""
+    left = {"k": "string", "ts": "timestamp", "v_left": "int64", "v": "int64"}
+    right = {"k": "string", "ts": "timestamp", "v": "int64", "v_right": "int64"}
+    sends = [("l", [{"k": "x", "ts": T0 + S, "v_left": 111, "v": 222}]),
+             ("r", [{"k": "x", "ts": T0 + 2 * S, "v": 333, "v_right": 444}])]
+    got = check(ref.Time(10 * S), sends, on=["k"], left=left, right=right,
+                where=B(">", C("v_right"), C("v_left_left")))
+    assert list(got.columns) == ["window_start", "window_end", "k", "ts_left", "v_left", "v_left_left", "ts_right",
+                                 "v_right_right", "v_right"]
+    assert got[["v_left", "v_left_left", "v_right_right", "v_right"]].values.tolist() == [[111, 222, 333, 444]]
+
+
+def test_joining_three_aggregates_keeps_every_window_column():
+    """a.join(b).join(c): c's window_start took the name window_start_right, which the first join already
+    has: 12 columns where there are 14."""
+    q = cep.Query("j3")
+    s, w = q.stream("s", "k string, ts timestamp, x int64"), cep.TimeWindow("10s")
+    a, b, c = (s.aggregate(w, by="k", **{name: fn}) for name, fn in
+               [("n", cep.count()), ("sx", cep.sum("x")), ("mx", cep.max("x"))])
+    j = a.join(b, w, on="k").join(c, w, on="k")
+    assert len(set(j.schema.names)) == len(j.schema.names) == 14
+
+
+@pytest.mark.parametrize("on", [[("k", "k", "k")], [("k",)], [["k"]], 5, {"k": "k"}, [5]], ids=repr)
+def test_a_malformed_on_is_refused_naming_it(on):
+    """These raised Python's ValueError or TypeError from unpacking pairs."""
+    q = cep.Query("j")
+    l, r = q.stream("l", LEFT), q.stream("r", RIGHT)
+    with pytest.raises(cep.QueryError, match=r"join on=.*: expected a field name, or a list of field names and"):
+        l.join(r, cep.TimeWindow("10s"), on=on)
+
+
 def test_null_keys_never_match_and_prefixes_differ():
     left = [lrow(k, i * 0.1, a=i) for i, k in enumerate([None, "10.0.0.1", "10.0.0.10", "", None])]
     right = [rrow(k, i * 0.1, b=i) for i, k in enumerate([None, "10.0.0.10", "10.0.0.1", "", "10.0.0.100"])]
