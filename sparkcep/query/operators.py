@@ -125,9 +125,7 @@ class Aggregate(Operator):
             raise QueryError(f"TimeWindow needs an event-time (timestamp) field; stream {source.name!r} has none")
         if not funcs:
             raise QueryError("aggregate() needs at least one function, e.g. n=cep.count()")
-        by = [by] if isinstance(by, str) else list(by)
-        for f in by:
-            source.schema.type_of(f, "aggregate by=")
+        by = _key_fields(by, source, "aggregate()")
         fields = {} if isinstance(window, Running) else \
             {"window_start": "int64" if isinstance(window, TupleWindow) else "timestamp",
              "window_end": "int64" if isinstance(window, TupleWindow) else "timestamp"}
@@ -232,6 +230,21 @@ class Join(Operator):
         return f"join({self.window!r}, on=[{on}]" + (f", where={self.where!r})" if self.where is not None else ")")
 
 
+def _key_fields(by, source, what: str) -> list[str]:
+    """A ``by=``: a field name or a list of them (None: none), each a field of ``source``, none twice."""
+    if by is None:
+        return []
+    fields = [by] if isinstance(by, str) else list(by) if isinstance(by, Iterable) and not isinstance(by, dict) else None
+    if fields is None or not all(isinstance(f, str) for f in fields):
+        raise QueryError(f"{what} by={by!r}: expected a field name or a list of them, e.g. by=[\"ip\", \"day\"]")
+    for f in fields:
+        source.schema.type_of(f, f"{what.rstrip('()')} by=")
+    twice = sorted({f for f in fields if fields.count(f) > 1})
+    if twice:
+        raise QueryError(f"{what} by={by!r} names {', '.join(map(repr, twice))} more than once")
+    return fields
+
+
 def _key_pairs(on) -> list[tuple[str, str]]:
     """join()'s ``on``: a field, or a list of fields and (left field, right field) pairs."""
     if on is None:
@@ -310,9 +323,7 @@ class Custom(Operator):
         if not isinstance(op, StatefulOperator):
             raise QueryError(f"stateful() needs a StatefulOperator instance, got {op!r}")
         self.op = op
-        self.by = [by] if isinstance(by, str) else list(by)
-        for f in self.by:
-            source.schema.type_of(f, "stateful by=")
+        self.by = _key_fields(by, source, "stateful()")
         if getattr(op, "schema", None) is None:
             raise QueryError(f"stateful(): {type(op).__name__} defines no `schema`; a StatefulOperator subclass must "
                              "define it, the fields of the rows it emits (e.g. schema = \"k string, n int64\" in the "

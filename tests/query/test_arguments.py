@@ -65,3 +65,27 @@ def test_a_stream_or_output_needs_a_name(declare):
     with pytest.raises(cep.QueryError) as e:
         declare(cep.Query("q"))
     assert "needs a non-empty name" in str(e.value)
+
+
+@pytest.mark.parametrize("window", [cep.TimeWindow("10s"), cep.TupleWindow(2), cep.Running()], ids=repr)
+def test_a_key_named_twice_or_not_a_name_is_refused(window):
+    """by=["k", "k"] gave keys of the engine's own encoding ('\\x01\\x01...a' for 'a'), or a failed query with a
+    running aggregate; by=5 raised Python's TypeError."""
+    s = cep.Query("q").stream("s", "k string, ts timestamp, v int64")
+    with pytest.raises(QueryError, match=r"aggregate\(\) by=\['k', 'v', 'k'\] names 'k' more than once"):
+        s.aggregate(window, by=["k", "v", "k"], n=cep.count())
+    for by in (5, ["k", 5], {"k": 1}):
+        with pytest.raises(QueryError, match=r"by=.*: expected a field name or a list of them"):
+            s.aggregate(window, by=by, n=cep.count())
+    assert s.aggregate(window, by=None, n=cep.count()).schema.names[-1:] == ["n"]
+
+
+def test_a_stateful_key_named_twice_is_refused():
+    class Count(cep.StatefulOperator):
+        schema = "k string, n int64"
+
+        def process(self, batch, bins, state):
+            return batch
+    s = cep.Query("q").stream("s", "k string, ts timestamp")
+    with pytest.raises(QueryError, match=r"stateful\(\) by=\('k', 'k'\) names 'k' more than once"):
+        s.stateful(Count(), by=("k", "k"))
