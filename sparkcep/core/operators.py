@@ -110,22 +110,10 @@ class ApplyOp(PhysicalOperator):
         self.salt = operator_salt(op.name)
 
     def process(self, port, batch):
-        out = self.op.fn(batch)
+        out = _returned(self.op.fn(batch), f"apply({self.op.name})", self.op.schema, hidden=True,
+                        others=None if self.op.declared else "declare what it returns: apply(fn, schema=...)")
         if out is None:
             return []
-        if isinstance(out, pa.Table):
-            out = out.combine_chunks().to_batches()[0] if out.num_rows else None
-            if out is None:
-                return []
-        if not isinstance(out, pa.RecordBatch):
-            raise QueryError(f"apply({self.op.name}): the function returned {type(out).__name__}, expected a pyarrow.RecordBatch")
-        want = self.op.schema.names + list(columns.HIDDEN)
-        missing = [c for c in want if c not in out.schema.names]
-        if missing:
-            raise QueryError(f"apply({self.op.name}): the returned batch lacks {missing}; keep the input's "
-                             f"hidden columns {list(columns.HIDDEN)} (filter/take/append_column keep them)")
-        out = out.select(want).cast(pa.schema([(n, t) for n, t in zip(want, self.op.schema.to_arrow().types +
-                                                [pa.int64()] * len(columns.HIDDEN))]))
         i = out.schema.get_field_index(columns.ID)
         renumbered = ids.apply_ids(self.salt, out.column(columns.SEQ).to_numpy(), out.column(i).to_numpy())
         return [out if renumbered is None else out.set_column(i, columns.ID, pa.array(renumbered))]
@@ -410,13 +398,10 @@ class CustomOp(StatefulOp):
         return self._stamp(self.user.on_watermark(watermark, self.state), 1)
 
     def _stamp(self, out, call: int) -> list[pa.RecordBatch]:
-        if out is None or out.num_rows == 0:
+        out = _returned(out, f"stateful({type(self.user).__name__})", self.op.schema, hidden=False)
+        if out is None:
             return []
-        if isinstance(out, pa.Table):
-            out = out.combine_chunks().to_batches()[0]
-        n = out.num_rows
-        names = self.op.schema.names
-        out = out.select(names).cast(self.op.schema.to_arrow())
+        n, names = out.num_rows, self.op.schema.names
         out = out.append_column(columns.SEQ, pa.array(np.full(n, self.step[0], np.int64)))
         out = out.append_column(columns.ID, pa.array(ids.content_ids(self.salt, self.step, call, out, names)))
         for name in (columns.TS, columns.WM):
@@ -444,6 +429,41 @@ class CustomOp(StatefulOp):
 
     def progress(self):
         return replace(super().progress(), ts=self._ts)
+
+
+def _returned(out, who: str, schema, hidden: bool, others: str | None = None) -> pa.RecordBatch | None:
+    """What a user's code returned as a batch of ``schema``'s fields (and, ``hidden``, the hidden
+    columns) in their order and types; None when it returned no row. Other fields are dropped, or
+    refused with the advice ``others``."""
+    if isinstance(out, pa.Table):
+        out = out.combine_chunks().to_batches()[0] if out.num_rows else None
+    if out is None or (isinstance(out, pa.RecordBatch) and out.num_rows == 0):
+        return None
+    if not isinstance(out, pa.RecordBatch):
+        raise QueryError(f"{who}: the function returned {type(out).__name__}, expected a pyarrow.RecordBatch "
+                         "(or Table, or None); from pandas: pa.RecordBatch.from_pandas(df, preserve_index=False)")
+    hidden_names = list(columns.HIDDEN) if hidden else []
+    missing = [n for n in schema.names if n not in out.schema.names]
+    if missing:
+        raise QueryError(f"{who}: the returned batch lacks {missing} of its schema {schema.names}")
+    lost = [n for n in hidden_names if n not in out.schema.names]
+    if lost:
+        raise QueryError(f"{who}: the returned batch lacks the input's hidden columns {lost}; keep them "
+                         "(filter/take/append_column do)")
+    extra = [n for n in out.schema.names if n not in schema.fields and n not in columns.HIDDEN]
+    if extra and others:
+        raise QueryError(f"{who}: the function returned fields {extra} beyond its schema {schema.names}; {others}")
+    want = schema.to_arrow()
+    types = list(want.types) + [pa.int64()] * len(hidden_names)
+    out = out.select(schema.names + hidden_names)
+    for name, got, typ in zip(out.schema.names, out.schema.types, types):
+        if got != typ:
+            try:
+                out = out.set_column(out.schema.get_field_index(name), name, out.column(name).cast(typ))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+                raise QueryError(f"{who}: the returned field {name!r} is {got}, not the {typ} its schema "
+                                 f"declares, and does not convert: {e}") from None
+    return out
 
 
 def _concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch | None:

@@ -107,7 +107,7 @@ class Apply(Operator):
     def __init__(self, query, source, fn: Callable, schema, name):
         if not callable(fn):
             raise QueryError(f"apply() needs a function over a batch, got {fn!r}")
-        self.fn = fn
+        self.fn, self.declared = fn, schema is not None
         super().__init__(query, [source], as_schema(schema) if schema is not None else source.schema, name)
 
     def describe(self):
@@ -377,7 +377,9 @@ class Stream:
 
     @checked()
     def apply(self, fn: Callable, schema=None, name: str | None = None) -> "Stream":
-        """A user's stateless operator: ``fn(batch) -> batch`` (``schema``: its output schema).
+        """A user's stateless operator: ``fn(batch) -> batch`` (``schema``: its output schema, whose
+        fields are taken from the returned batch by name and cast to their types; without it the input's,
+        and a returned field outside it is refused).
 
         The batch carries the engine's hidden columns; the rows returned keep
         them (``filter``/``take``/``append_column`` do), and so their output

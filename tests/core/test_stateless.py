@@ -3,6 +3,7 @@
 import datetime as dt
 import itertools
 import operator
+import re
 
 import numpy as np
 import pandas as pd
@@ -14,6 +15,7 @@ import sparkcep as cep
 from cases import T0, cep_expr
 from harness import run, stamped
 from reference import S, assert_same_rows
+from sparkcep.core import columns
 
 SCHEMA = {"k": "string", "ts": "timestamp", "v": "int64", "w": "int64", "x": "float64", "b": "bool", "c": "bool"}
 TRI = [True, False, None]
@@ -266,6 +268,57 @@ def test_apply_runs_a_user_function_over_batches():
     got = run(q, [("ev", rows[:10]), ("ev", rows[10:])]).outputs["out"]
     want = ref.frame([{**r, "v": None if r["v"] is None else 2 * r["v"]} for r in rows], SCHEMA)
     assert_same_rows(got, want)
+
+
+class Pairs(cep.StatefulOperator):
+    """Emits what ``returns(batch)`` gives: the case under test."""
+    schema = "k string, n int64"
+
+    def __init__(self, returns):
+        self.returns = returns
+
+    def process(self, batch, bins, state):
+        return self.returns(batch)
+
+
+def _returned(batch, **fields):
+    return pa.RecordBatch.from_pydict({"k": ["a"] * batch.num_rows, **fields})
+
+
+def _with_hidden(out, batch):
+    """``out`` with ``batch``'s hidden columns, as an apply() function keeps them."""
+    if not isinstance(out, pa.RecordBatch):
+        return out
+    for name in columns.HIDDEN:
+        out = out.append_column(name, batch[name])
+    return out
+
+
+@pytest.mark.parametrize("returns, error", [
+    (lambda b: b.to_pandas(), r"the function returned DataFrame, expected a pyarrow.RecordBatch \(or Table, or None\)"),
+    (lambda b: _returned(b), r"the returned batch lacks \['n'\] of its schema \['k', 'n'\]"),
+    (lambda b: _returned(b, n=["x"] * b.num_rows), r"the returned field 'n' is string, not the int64 its schema"),
+], ids=["pandas", "missing", "type"])
+def test_what_a_user_operator_returns_is_checked_naming_the_operator(returns, error):
+    """A stateful operator returning a DataFrame, a batch without a declared field or of another type raised
+    AttributeError, KeyError or ArrowInvalid from the engine's code; apply() said only some of it."""
+    for kind, use in [("stateful(Pairs)", lambda s: s.stateful(Pairs(returns), by="k")),
+                      ("apply(apply1)", lambda s: s.apply(lambda b: _with_hidden(returns(b), b),
+                                                          schema="k string, n int64"))]:
+        q = cep.Query("u")
+        q.output("out", use(q.stream("ev", SCHEMA)))
+        with pytest.raises(cep.EngineError, match=re.escape(kind) + ": " + error):
+            run(q, [("ev", rows_3vl())])
+
+
+def test_apply_without_a_schema_refuses_fields_beyond_the_input():
+    """Its output is the input's schema: a field the function added was dropped without a word."""
+    import pyarrow.compute as pc
+    q = cep.Query("a")
+    q.output("out", q.stream("ev", SCHEMA).apply(lambda b: b.append_column("z", pc.multiply(b["v"], 10))))
+    with pytest.raises(cep.EngineError, match=r"returned fields \['z'\] beyond its schema .*; declare what it "
+                                                 r"returns: apply\(fn, schema=...\)"):
+        run(q, [("ev", rows_3vl())])
 
 
 def test_outputs_carry_no_hidden_columns():
