@@ -23,8 +23,11 @@ CODE = "UNKNOWN_ARGUMENT"
 
 
 def closest(given: str, valid) -> str | None:
-    """The name in ``valid`` that ``given`` most likely misspells, if any."""
-    close = difflib.get_close_matches(given, list(valid), n=1, cutoff=0.5)
+    """The name in ``valid`` that ``given`` most likely misspells, if any (the same letters in another
+    case first: 'IP' for 'ip')."""
+    valid = list(valid)
+    same = [v for v in valid if str(v).casefold() == given.casefold()]
+    close = same or difflib.get_close_matches(given, valid, n=1, cutoff=0.5)
     return close[0] if close else None
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sparkcep.arguments import did_you_mean
 from sparkcep.errors import InputError
 from sparkcep.schema import Schema, type_name
 
@@ -31,8 +32,8 @@ def to_batch(stream: str, schema: Schema, data, time_field: str | None) -> pa.Re
     names = list(columns)
     unknown = [n for n in names if n not in schema.fields]
     if unknown:
-        raise InputError(f"stream {stream!r}: unknown field {unknown[0]!r}; the stream's fields are {schema.names}",
-                         "UNKNOWN_FIELD")
+        raise InputError(f"stream {stream!r}: unknown field {unknown[0]!r}{did_you_mean(unknown[0], schema.names)}; "
+                         f"the stream's fields are {schema.names}", "UNKNOWN_FIELD")
     missing = [n for n in schema.names if n not in columns]
     if missing:
         raise InputError(f"stream {stream!r}: field {missing[0]!r} ({schema.fields[missing[0]]}) is missing",
@@ -98,6 +99,11 @@ def _columns(stream: str, data) -> dict:
     if isinstance(data, pa.Table):
         return {n: data.column(i).combine_chunks() for i, n in enumerate(data.schema.names)}
     if isinstance(data, dict):
+        for name, values in data.items():
+            if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
+                raise InputError(f"stream {stream!r}: field {name!r} is one {type(values).__name__}, not a column: "
+                                 f"a dict's values are columns, one value a row (one row: {{{name!r}: [value], ...}})",
+                                 "BAD_DATA")
         return dict(data)
     if type(data).__name__ == "DataFrame" and hasattr(data, "columns"):
         return {str(c): data[c] for c in data.columns}

@@ -50,6 +50,13 @@ def good_columns(n=2):
     ({**good_columns(), "ts": [dt.datetime(2024, 1, 1), dt.datetime(4124, 1, 1)]}, "TIME_AHEAD",
      ["'ev'", "'ts'", "row 1", "4124"]),
     ([1, 2, 3], "BAD_DATA", ["'ev'"]),
+    ({**{n: v[:1] for n, v in good_columns().items()}, "tss": [1]}, "UNKNOWN_FIELD", ["(did you mean 'ts'?)"]),
+    ({**{n: v[:1] for n, v in good_columns().items() if n != "k"}, "K": ["a"]}, "UNKNOWN_FIELD",
+     ["(did you mean 'k'?)"]),
+    # one value where a column goes: a TypeError, or a string taken as a column of its letters
+    ({**{n: v[0] for n, v in good_columns().items()}}, "BAD_DATA", ["'ev'", "'k' is one str, not a column"]),
+    ({**good_columns(3), "k": "abc"}, "BAD_DATA", ["'ev'", "'k' is one str, not a column"]),
+    ({**good_columns(1), "v": np.int64(7)}, "BAD_DATA", ["'v' is one int64, not a column", "{'v': [value], ...}"]),
 ])
 def test_bad_batches_are_rejected_with_a_code(data, code, words):
     with cep.Engine.local() as e:
