@@ -93,6 +93,7 @@ class Migrator:
         if mine is None:
             mine = self.replicas()[0].replica
             self.sides[mine].add(target)
+            self.cluster.put_to_use(target)  # a standby no more: no other replica may be rebuilt on it
         moving = [d for d in self.replicas() if d.replica == mine]
         if not moving:
             raise EngineError(f"replica {mine}, whose side holds the instance manager asked for, is not running "
@@ -228,6 +229,9 @@ class Migrator:
             return None
         from sparkcep.runtime.layout import Layout
         slots, _ = self.cluster.slots_and_topology(dep.ims)
+        if not slots:  # the replica lost them meanwhile: the migration goes on without it (_each)
+            raise EngineError(f"query {dep.query.name!r}: every instance manager of replica {dep.replica} died",
+                              "WORKER_DIED")
         kept = {ep: i for ep, i in dep.assignment.items()}
         return extend(kept, Layout(dep.plan, {**dep.parallelism, sq: instances}), slots, self.cluster.load())
 

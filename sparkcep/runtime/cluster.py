@@ -234,16 +234,21 @@ class Cluster:
         return [{im.index for j, im in enumerate(live) if j * k // len(live) == r} for r in range(k)]
 
     def take_standby(self, avoid: set[int] = frozenset()) -> int | None:
-        """A live instance manager to rebuild a lost replica on, now put to use: a standby, else one in no
-        replica side of ``avoid`` (a worker that joined since: a cluster's members are no standbys); None
+        """A live instance manager to rebuild a lost replica on, in no replica side of ``avoid``, now put to
+        use: a standby, else any (a worker that joined since: a cluster's members are no standbys); None
         when there is none."""
         with self.lock:
-            im = (next((im for im in self.ims if im.standby and im.dead is None), None)
-                  or next((im for im in self.ims if im.dead is None and im.index not in avoid), None))
+            free = [im for im in self.ims if im.dead is None and im.index not in avoid]
+            im = next((im for im in free if im.standby), None) or next(iter(free), None)
             if im is None:
                 return None
             im.standby = False
             return im.index
+
+    def put_to_use(self, index: int) -> None:
+        """Instance manager ``index`` runs a replica's instances now: it is no standby any more."""
+        with self.lock:
+            self.ims[index].standby = False
 
     def by_name(self, name: str) -> InstanceManagerLink | None:
         """The live instance manager called ``name``."""

@@ -9,6 +9,8 @@
 * A replica that loses an instance manager in the middle of a rescale is left out of its remaining
   steps; the rescale completes on the other, and the lost one is rebuilt in the new layout (then it
   carries the query alone, exactly).
+* A replica that loses every instance manager just before a rescale adds instances: the rescale goes on
+  without it. A standby a move put to use takes no other replica's rebuild.
 * A slow catch-up: while a lost replica's state travels, its rebuilt instances hold the input that
   arrives in their channels, bounded, so the sources wait instead of memory growing.
 """
@@ -187,6 +189,63 @@ def test_a_rescale_goes_on_when_a_replica_loses_an_instance_manager_during_it(mo
         rep = engine.metrics()["queries"]["rk"]["replication"]
     assert [f["replica"] for f in rep["failovers"]] == [0, 1], rep["failovers"]
     assert_same_rows(plain(got), plain(reference("rk", sent)), "replica 0 rebuilt after a rescale, then alone")
+
+
+def test_a_standby_a_move_put_to_use_takes_no_other_replica(monkeypatch):
+    """Replica 0's instance 0 moved onto the standby, then replica 1's instance manager dies: replica 1 was
+    rebuilt on that standby, beside replica 0 (one more death failed both). Now it has nowhere to go and
+    waits; replica 0 carries the query alone, exactly."""
+    monkeypatch.setattr("sparkcep.replication.catchup.ROOM_WAIT_S", 2.0)
+    with cep.Engine.local(workers=2, standby=1, ring_bytes=RING_BYTES) as engine:
+        dep = engine.deploy(query("sb"), parallelism=2, bins=BINS, replicas=2)
+        sent = list(range(10))
+        for i in sent[:5]:
+            engine.send("sb_in", events(i))
+        dep.move("agg", instance=0, to="im-2")
+        assert [r["instance_managers"] for r in dep.replicas()] == [["im-0", "im-2"], ["im-1"]]
+        assert not next(im for im in engine.instance_managers() if im["name"] == "im-2")["standby"]
+        os.kill(next(im["pid"] for im in engine.instance_managers() if im["name"] == "im-1"), signal.SIGKILL)
+        wait(lambda: "error" in (engine.metrics()["queries"]["sb"]["replication"]["catchups"] or [{}])[-1],
+             "the rebuild to give up", LIMIT_S)
+        reps = dep.replicas()
+        assert [r["state"] for r in reps] == ["running", "failed"], reps
+        for i in sent[5:]:
+            engine.send("sb_in", events(i))
+        engine.end("sb_in")
+        got = engine.collect("sb_out")
+    assert_same_rows(plain(got), plain(reference("sb", sent)), "replica 0 alone")
+
+
+def test_a_rescale_goes_on_when_a_replica_has_lost_every_instance_manager(monkeypatch):
+    """Replica 1's only instance manager dies just before the rescale adds its new instances: placing them
+    raised ValueError (min() of no instance manager) and left the deployment at 3 instances with the bins
+    where they were. The rescale completes on replica 0; replica 1 is rebuilt on the standby."""
+    from sparkcep.migration.migrator import Migrator
+    with cep.Engine.local(workers=2, standby=1, ring_bytes=RING_BYTES) as engine:
+        dep = engine.deploy(query("rd"), parallelism=2, bins=BINS, replicas=2)
+        sent = list(range(10))
+        for i in sent[:5]:
+            engine.send("rd_in", events(i))
+        victim = next(im for im in engine.instance_managers() if im["name"] == "im-1")
+        grown = Migrator._grown
+
+        def dying(self, d, sq, instances):
+            if d.replica == 1:
+                os.kill(victim["pid"], signal.SIGKILL)
+                wait(lambda: self.cluster.ims[1].dead is not None, "im-1 to be dead", LIMIT_S, every=0.005)
+            return grown(self, d, sq, instances)
+        monkeypatch.setattr(Migrator, "_grown", dying)
+        report = dep.rescale("agg", instances=3)
+        assert report["bins"] == 5 and dep.parallelism == {"SQ1": 3}  # 16 bins: the new instance takes 5
+        assert sorted(set(dep.bin_owners("agg"))) == [0, 1, 2]
+        wait(lambda: [r["state"] for r in dep.replicas()] == ["running", "running"], "both replicas to run",
+             LIMIT_S)
+        assert [r["instance_managers"] for r in dep.replicas()] == [["im-0"], ["im-2"]]
+        for i in sent[5:]:
+            engine.send("rd_in", events(i))
+        engine.end("rd_in")
+        got = engine.collect("rd_out")
+    assert_same_rows(plain(got), plain(reference("rd", sent)), "rescaled on replica 0, replica 1 rebuilt")
 
 
 def test_a_slow_catch_up_holds_the_sources_back(engine, monkeypatch):
