@@ -22,6 +22,7 @@ import abc
 from sparkcep.arguments import checked, integer, number
 from sparkcep.errors import QueryError
 from sparkcep.migration.plan import assignment_of
+from sparkcep.runtime.output_log import refuse_in_callback
 
 MAX_GAP_MS = 60_000.0  # the longest pause between two steps of a migration
 CHANGES = ("migrate", "move", "rescale")  # what reconfigures a deployed query; the other calls read it
@@ -126,6 +127,7 @@ class LocalDeployed(Deployed):
     def _call(self, method: str, **args):
         dep = self._deployment
         if method in ("migrate", "move", "rescale"):
+            refuse_in_callback(f"{method}()")
             return getattr(self._migrator, method)(**args)
         if method == "migrations":
             return self._migrator.snapshot()

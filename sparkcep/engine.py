@@ -34,7 +34,7 @@ from sparkcep.runtime import capacity
 from sparkcep.runtime.deployment import Deployment
 from sparkcep.runtime.handoff import ENGINE_HOST, Board, Handoffs
 from sparkcep.runtime.metrics import MetricServer, add_rates, deployment_metrics, late_counts
-from sparkcep.runtime.output_log import OutputLog, Retention, Subscription
+from sparkcep.runtime.output_log import OutputLog, Retention, Subscription, outside_callbacks
 from sparkcep.runtime.send_ids import SendIds, check_retry, send_id_of
 from sparkcep.runtime.topology import Topology
 
@@ -145,6 +145,7 @@ class Engine:
             self.cluster = Cluster(self.token, topology=self._topology, **kw)
         return self.cluster
 
+    @outside_callbacks
     def add_instance_manager(self, address: str) -> dict:
         """Use the instance manager serving at ``address`` for the queries deployed from now on
         (the Spark executor launcher registers its instance managers so); queries deployed with
@@ -174,6 +175,7 @@ class Engine:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    @outside_callbacks
     def close(self) -> None:
         if self._closed:
             return
@@ -190,6 +192,7 @@ class Engine:
 
     # --- queries -----------------------------------------------------------------
     @checked(QueryError)
+    @outside_callbacks
     def deploy(self, query: Query, parallelism=1, bins: int = 128, retain: "bool | Retention" = True,
                balance: bool = False, replicas: int = 1) -> Deployed:
         """Plan and start ``query``; ``parallelism``: an int or ``{operator name: instances}``.
@@ -314,6 +317,7 @@ class Engine:
         rs.rebuild = start_rebuild(rs, self.cluster if remote else None, self._lock, changes)
         return rs
 
+    @outside_callbacks
     def undeploy(self, name: str) -> None:
         """Stop query ``name``: its instances go, its outputs and their logs are forgotten."""
         with self._lock:
@@ -341,6 +345,7 @@ class Engine:
 
     # --- input -------------------------------------------------------------------
     @checked(QueryError)
+    @outside_callbacks
     def send(self, stream: str, data, send_id: str | None = None) -> int:
         """Send tuples into ``stream``; returns how many. A rejected batch leaves no trace.
 
@@ -435,6 +440,7 @@ class Engine:
             raise failed
         return n
 
+    @outside_callbacks
     def end(self, stream: str) -> None:
         """End of input for ``stream``: once all inputs of a query end, every open window fires.
 
@@ -452,6 +458,7 @@ class Engine:
 
     # --- output ------------------------------------------------------------------
     @checked(QueryError)
+    @outside_callbacks
     def collect(self, output: str, timeout: float | None = None) -> pa.Table:
         """Everything ``output`` has produced for the input sent so far, as a pyarrow Table.
 
@@ -467,11 +474,13 @@ class Engine:
         ``on_error(error)`` if its query fails (an instance manager died, an operator raised). Callbacks
         run on the engine's collector thread; ``cancel()`` the returned subscription to stop them. A
         ``callback`` that raises fails the query as an operator that raises does: code ``SINK``, naming
-        its error, from the next call on; one that is no function is refused at once (BAD_CALLBACK)."""
+        its error, from the next call on; one that is no function is refused at once (BAD_CALLBACK).
+        A callback calling the engine back (send, collect, metrics, a migration...) is refused: IN_CALLBACK."""
         log = self._log(output)
         return log.subscribe(function(callback, "subscribe's callback"),
                              function(on_error, "subscribe's on_error", optional=True))
 
+    @outside_callbacks
     def metrics(self) -> dict:
         """The engine's metrics (the paper's metric server, in this process).
 

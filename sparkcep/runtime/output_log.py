@@ -18,6 +18,7 @@ endpoint reads, commits and releases from connection threads.
 from __future__ import annotations
 
 import bisect
+import functools
 import threading
 import time
 from collections import deque
@@ -71,6 +72,36 @@ class SubscriberError(EngineError):
     subscriber got them; the query producing them fails (``SINK``)."""
 
     code = "SINK"
+
+
+_callbacks = threading.local()  # .running: this thread is in a subscriber's callback or on_error
+
+
+def refuse_in_callback(call: str) -> None:
+    """Raise IN_CALLBACK when a subscriber's callback makes ``call``: the engine is publishing an output
+    meanwhile, so a call waiting for its outputs, instance managers or state would wait for itself (20 s
+    for metrics(), 120 s for a migration, with workers) and a send would run inside another."""
+    if getattr(_callbacks, "running", False):
+        raise EngineError(f"{call} was called from a subscriber's callback, which runs while the engine publishes "
+                          "an output and cannot wait for it: hand the work to another thread (put the batch in "
+                          "a queue.Queue that thread reads)", "IN_CALLBACK")
+
+
+def outside_callbacks(method):
+    """Decorate an engine call that a subscriber's callback may not make (:func:`refuse_in_callback`)."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        refuse_in_callback(f"{method.__name__}()")
+        return method(self, *args, **kwargs)
+    return call
+
+
+def _call_back(fn, value) -> None:
+    _callbacks.running = True
+    try:
+        fn(value)
+    finally:
+        _callbacks.running = False
 
 
 def extend_logs(logs: dict, per_log: dict[str, list], epoch: int) -> SubscriberError | None:
@@ -175,7 +206,7 @@ class OutputLog:
         for _, _, v in visible:
             for fn in list(self.subscribers):
                 try:
-                    fn(v)
+                    _call_back(fn, v)
                 except Exception as e:  # the others still get the rows: they are in the log
                     if failed is None:
                         failed = SubscriberError(f"a subscriber of output {self.name!r} raised {type(e).__name__}: {e}")
@@ -226,7 +257,7 @@ class OutputLog:
         if self.error is None:
             self.error = error
             for fn in self.on_error:
-                fn(error)
+                _call_back(fn, error)
 
     # --- reading -------------------------------------------------------------------
     def table(self) -> pa.Table:

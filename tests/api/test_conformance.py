@@ -212,6 +212,43 @@ def test_a_subscriber_that_raises_is_told_and_the_others_get_its_rows(api):
             assert per_key(got) == everything
 
 
+def test_a_callback_calling_the_engine_is_answered_at_once(api):
+    """metrics(), send() and migrate() from inside a subscriber's callback: with workers metrics() took
+    20 s and a migration failed after 120 s, stalling every output meanwhile; in one process a send ran
+    inside the one publishing and broke its sink (KeyError). An engine refuses them at once (IN_CALLBACK,
+    the callback may catch it); a cluster client's callback runs in the client, whose calls go on."""
+    with Deployment(api, "cbcall", parallelism=2, bins=BINS) as d:
+        answers, done = [], threading.Event()
+        calls = {"metrics": lambda: api.engine.metrics(), "send": lambda: api.engine.send(d.stream, frame(0)[:0]),
+                 "migrate": lambda: d.dep.migrate("agg", {0: 1})}
+
+        def calling(batch):
+            if done.is_set():
+                return
+            for name, call in calls.items():
+                t = time.monotonic()
+                try:
+                    call()
+                    answers.append((name, None, time.monotonic() - t))
+                except cep.SparkcepError as e:
+                    answers.append((name, e.code, time.monotonic() - t))
+            done.set()
+        api.engine.subscribe(d.output, calling)
+        for _ in range(3):  # the third send's watermark closes the first window: its rows come out
+            d.send()
+        assert done.wait(60), "the callback never ran"
+        codes = [(name, code) for name, code, _ in answers]
+        if api.kind == "cluster":
+            assert codes == [("metrics", None), ("send", None), ("migrate", None)], answers
+        else:
+            assert codes == [("metrics", "IN_CALLBACK"), ("send", "IN_CALLBACK"), ("migrate", "IN_CALLBACK")], answers
+            assert max(took for _, _, took in answers) < 1, answers
+        d.send()
+        api.engine.end(d.stream)
+        got = per_key(api.engine.collect(d.output))
+        assert got == reference(d.frames)
+
+
 def test_migrate_with_numpy_integers_moves_exactly_the_bins_asked(api):
     with Deployment(api, "mig", parallelism=2, bins=BINS) as d:
         d.send()
