@@ -20,7 +20,7 @@ from __future__ import annotations
 import abc
 
 from sparkcep.arguments import checked, integer, number
-from sparkcep.errors import QueryError
+from sparkcep.errors import EngineError, QueryError
 from sparkcep.migration.plan import assignment_of
 from sparkcep.runtime.output_log import refuse_in_callback
 
@@ -126,11 +126,13 @@ class LocalDeployed(Deployed):
 
     def _call(self, method: str, **args):
         dep = self._deployment
+        if method == "migrations":  # the reports stay readable
+            return self._migrator.snapshot()
+        if dep.closed:
+            raise EngineError(f"query {self.query.name!r} is undeployed", "UNDEPLOYED")
         if method in ("migrate", "move", "rescale"):
             refuse_in_callback(f"{method}()")
             return getattr(self._migrator, method)(**args)
-        if method == "migrations":
-            return self._migrator.snapshot()
         if method == "replicas":
             if hasattr(dep, "describe"):
                 return dep.describe()

@@ -37,6 +37,7 @@ class ReplicaSet:
         self.rebuild = None  # set by the engine: rebuild(r) starts a catch-up
         self.on_fail: list = []  # called with the error when no replica is left
         self.error: EngineError | None = None
+        self.closed = False  # undeployed
         self._lock = threading.Lock()
         for r, dep in enumerate(members):
             dep.sink.deliver = self.dedup.deliverer(r)
@@ -144,6 +145,7 @@ class ReplicaSet:
             raise self.error
 
     def close(self) -> None:
+        self.closed = True
         self.states = [FAILED] * len(self.members)
         for dep in self.members:
             dep.close()
