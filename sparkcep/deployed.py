@@ -76,8 +76,8 @@ class Deployed(abc.ABC):
 
     @checked(QueryError)
     def replicas(self) -> list[dict]:
-        """Each replica: ``replica`` (its number), ``state`` (``"running"``, ``"failed"`` or
-        ``"catching-up"``) and the ``instance_managers`` it runs on."""
+        """Each replica: ``replica`` (its number), ``state`` (``"running"``, ``"failed"``,
+        ``"catching-up"`` or ``"undeployed"``) and the ``instance_managers`` it runs on."""
         return self._call("replicas")
 
     @checked(QueryError)
@@ -126,14 +126,17 @@ class LocalDeployed(Deployed):
 
     def _call(self, method: str, **args):
         dep = self._deployment
-        if method == "migrations":  # the reports stay readable
-            return self._migrator.snapshot()
-        if dep.closed:
-            raise EngineError(f"query {self.query.name!r} is undeployed", "UNDEPLOYED")
         if method in ("migrate", "move", "rescale"):
             refuse_in_callback(f"{method}()")
+            if dep.closed:  # even one with nothing to do: it did not happen
+                raise EngineError(f"query {self.query.name!r} is undeployed", "UNDEPLOYED")
             return getattr(self._migrator, method)(**args)
+        if method == "migrations":
+            return self._migrator.snapshot()
         if method == "replicas":
+            if dep.closed:
+                return [{"replica": r, "state": "undeployed", "instance_managers": []}
+                        for r in range(len(getattr(dep, "members", [dep])))]
             if hasattr(dep, "describe"):
                 return dep.describe()
             gen = dep.gen
