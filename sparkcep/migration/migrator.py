@@ -173,12 +173,12 @@ class Migrator:
             if operator in self.running:
                 raise QueryError(f"a migration ({self.running[operator].kind}) of {operator!r} is under way; "
                                  "wait for it to finish", "MIGRATION_RUNNING")
-            watch = self.running[operator] = Watch(self._first(), kind, operator, strategy)
+            self._first()  # a running replica to migrate
+            watch = self.running[operator] = Watch(self.replicas, kind, operator, strategy)
         try:
             with self.changes:
                 watch.restart()
                 body(watch)
-            watch.dep = self._first()  # one that ran it all: the one watched may have failed meanwhile
             report = watch.report()
         finally:
             with self._busy:

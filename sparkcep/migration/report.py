@@ -18,10 +18,12 @@ SETTLE_S = 10.0  # after a migration, wait at most this long for the epochs that
 
 
 class Watch:
-    """Measures one migration of deployment ``dep`` from construction to :meth:`report`."""
+    """Measures one migration of the deployment whose running replicas ``replicas()`` gives, from
+    construction to :meth:`report`."""
 
-    def __init__(self, dep, kind: str, operator: str, strategy: str):
-        self.dep, self.kind, self.operator, self.strategy = dep, kind, operator, strategy
+    def __init__(self, replicas, kind: str, operator: str, strategy: str):
+        self.replicas, self.kind, self.operator, self.strategy = replicas, kind, operator, strategy
+        self.query = replicas()[0].query.name
         self.bins = self.bytes = self.steps = 0
         self.total: int | None = None  # bins it plans to move, once known
         self.restart()
@@ -29,21 +31,32 @@ class Watch:
     def restart(self) -> None:
         """Start the clock now (the migration waited for another one to finish)."""
         self.t0 = time.monotonic_ns()
-        self.first_epoch = self.dep.epoch
+        self.first_epoch = self._epoch()
 
     def report(self) -> dict:
-        """The report of the migration, which ended now (waits for the epochs it covers to be out)."""
+        """The report of the migration, which ended now (waits for the epochs it covers to be out).
+
+        An epoch's latency is the output's: with replicas, that of the one that delivered it first
+        (a replica paused meanwhile makes no latency the readers saw)."""
         t1 = time.monotonic_ns()
-        last_epoch = self.dep.epoch - 1
+        last_epoch = self._epoch() - 1
         deadline = time.monotonic() + SETTLE_S
-        while self.dep.sink.done_epoch < last_epoch and time.monotonic() < deadline and self.dep.error is None \
-                and not self.dep.closed:
+        while time.monotonic() < deadline and (reps := [d for d in self.replicas() if d.error is None and not d.closed]) \
+                and max(d.sink.done_epoch for d in reps) < last_epoch:
             time.sleep(0.002)
-        lat = np.array([ns for _, epoch, ns in list(self.dep.sink.epoch_log)
-                        if self.first_epoch <= epoch <= last_epoch], np.float64) / 1e6
-        return {"query": self.dep.query.name, "operator": self.operator, "kind": self.kind,
+        first: dict[int, int] = {}
+        for d in self.replicas():
+            for _, epoch, ns in list(d.sink.epoch_log):
+                if self.first_epoch <= epoch <= last_epoch:
+                    first[epoch] = min(ns, first.get(epoch, ns))
+        lat = np.array(list(first.values()), np.float64) / 1e6
+        return {"query": self.query, "operator": self.operator, "kind": self.kind,
                 "strategy": self.strategy, "bins": self.bins, "bytes": self.bytes, "steps": self.steps,
                 "duration_s": round((t1 - self.t0) / 1e9, 6),
                 "max_latency_ms": round(float(lat.max()), 3) if lat.size else 0.0,
                 "p99_latency_ms": round(float(np.percentile(lat, 99)), 3) if lat.size else 0.0,
                 "latency_epochs": int(lat.size), "finished": time.time()}
+
+    def _epoch(self) -> int:
+        """The next epoch (send) the deployment takes."""
+        return max(d.epoch for d in self.replicas())

@@ -19,6 +19,7 @@ import itertools
 import os
 import re
 import signal
+import threading
 import time
 
 import numpy as np
@@ -246,6 +247,29 @@ def test_a_rescale_goes_on_when_a_replica_has_lost_every_instance_manager(monkey
         engine.end("rd_in")
         got = engine.collect("rd_out")
     assert_same_rows(plain(got), plain(reference("rd", sent)), "rescaled on replica 0, replica 1 rebuilt")
+
+
+def test_a_migration_reports_the_latency_of_the_output_not_of_a_paused_replica():
+    """Replica 0's instance manager SIGSTOPped for ``pause_s`` while a migration runs, sends flowing (rings
+    large enough to hold them): replica 1 delivers every epoch meanwhile, so the output's latency stays
+    low; the report gave replica 0's (about ``pause_s``). The migration itself waits for the paused one."""
+    pause_s = 2.0
+    with cep.Engine.local(workers=2) as engine:
+        dep = engine.deploy(query("pz"), parallelism=2, bins=BINS, replicas=2)
+        sender, _ = sending(engine, "pz_in", pace_s=0.02)
+        sender.wait_done(5, LIMIT_S)
+        pid = next(im["pid"] for im in engine.instance_managers() if im["name"] == placement(dep)[0][0])
+        os.kill(pid, signal.SIGSTOP)
+        resume = threading.Timer(pause_s, os.kill, (pid, signal.SIGCONT))
+        resume.start()
+        try:
+            report = dep.migrate("agg", {b: 1 - o for b, o in enumerate(dep.bin_owners("agg"))}, strategy="fluid")
+        finally:
+            resume.join()
+        sender.stop()
+        assert not sender.errors, sender.errors
+    assert report["duration_s"] > pause_s * 0.7 and report["latency_epochs"] > 10, report
+    assert report["max_latency_ms"] < pause_s * 1000 / 2, report
 
 
 def test_a_slow_catch_up_holds_the_sources_back(engine, monkeypatch):
