@@ -41,6 +41,7 @@ from sparkcep.runtime.worker_start import TELL_EVERY_S, Starting, start_worker, 
 log = logging.getLogger("sparkcep")
 
 REPLY_TIMEOUT_S = 30.0
+METRICS_TIMEOUT_S = 10.0  # an instance manager not answering metrics() within this is reported so
 PEER_GRACE_S = 1.0         # a channel's dead peer waits this long for its instance manager's death to be known
 ENGINE_HOST = "127.0.0.1"  # the engine's own host key is that of a process serving on loopback
 
@@ -318,12 +319,12 @@ class Cluster:
         return out
 
     def snapshots(self) -> dict[int, dict]:
-        """The metrics snapshot of every live instance manager."""
+        """The metrics snapshot of every live instance manager that answers within METRICS_TIMEOUT_S."""
         out = {}
         for im in self.ims:
             if im.dead is None:
                 try:
-                    out.update(self.request_all([im.index], lambda i, n: cmd.Metrics(n), timeout=10))
+                    out.update(self.request_all([im.index], lambda i, n: cmd.Metrics(n), timeout=METRICS_TIMEOUT_S))
                 except EngineError:
                     pass
         return out
@@ -339,6 +340,8 @@ class Cluster:
             if im.dead:
                 m["error"] = im.dead
             s = snaps.get(i)
+            if s is None and im.dead is None:
+                m["error"] = f"no answer to the metrics request within {METRICS_TIMEOUT_S:.0f} s (stopped? overloaded?)"
             if s is not None:
                 m.update(cpu_num=s["cpu_num"], rss_bytes=s["rss"], bytes_in=s["bytes_in"], bytes_out=s["bytes_out"],
                          cpu_s=round(s["cpu_s"], 3), instances=sum(len(d) for d in s["deployments"].values()),

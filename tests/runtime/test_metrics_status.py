@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -60,6 +61,25 @@ def test_metrics_count_what_was_sent(workers):
         # the ~150K objects of numba/pyarrow are frozen out of the GC: no full collection scans them
         assert im["gc"]["frozen_objects"] > 50_000 and im["gc"]["pause_ms_max"] < 50
     json.dumps(m)  # the endpoint ships it as JSON
+
+
+def test_an_instance_manager_that_does_not_answer_is_named_in_the_metrics(monkeypatch):
+    """One SIGSTOPped: metrics() waits METRICS_TIMEOUT_S for it, then its entry says it did not answer;
+    its figures were missing without a word. The other's are there."""
+    monkeypatch.setattr("sparkcep.runtime.cluster.METRICS_TIMEOUT_S", 1.0)
+    with cep.Engine.local(workers=2) as engine:
+        engine.deploy(make(), parallelism=2)
+        stopped = engine.instance_managers()[0]
+        os.kill(stopped["pid"], signal.SIGSTOP)
+        try:
+            ims = engine.metrics()["instance_managers"]
+        finally:
+            os.kill(stopped["pid"], signal.SIGCONT)
+    by_name = {im["name"]: im for im in ims.values()}
+    quiet, other = by_name[stopped["name"]], next(im for n, im in by_name.items() if n != stopped["name"])
+    assert quiet["alive"] and "rss_bytes" not in quiet
+    assert quiet["error"] == "no answer to the metrics request within 1 s (stopped? overloaded?)"
+    assert other["rss_bytes"] > 10 << 20 and "error" not in other
 
 
 def test_status_shows_a_running_local_engine(own_home):
