@@ -167,27 +167,6 @@ def test_nothing_is_late_and_the_end_emits_nothing_more():
     assert out.late == 0
 
 
-def test_long_strings_on_few_keys_widen_the_arenas_in_parts():
-    """Every bin's arena is as wide as the fullest bin needs: 100 rows of 10 KB on one key, min and last,
-    reserved 1 MB in each of 128 bins at once (128 MB of arenas; 1,000 rows took 2.7 GB); in parts, at
-    most ARENA_PART_BYTES over all bins, still one update row per group."""
-    from sparkcep.core.running import RunningAggregate
-    from sparkcep.core.table import ARENA_PART_BYTES
-    q = cep.Query("long")
-    op = q.stream("ev", "k string, ts timestamp, s string").aggregate(
-        cep.Running(), by="k", lo=cep.min("s"), last=cep.last("s")).op
-    agg = RunningAggregate(op.window, op.by, op.funcs, op.inputs[0].schema, op.schema, 128)
-    n, ts = 100, np.arange(100, dtype=np.int64) * 1000
-    values = [f"{(37 * i) % n:03d}" + "x" * 10_000 for i in range(n)]
-    batch = pa.RecordBatch.from_arrays(
-        [pa.array(["k"] * n), pa.array(ts, pa.timestamp("us")), pa.array(values), pa.array(np.arange(n)),
-         pa.array(ts), pa.array(np.full(n, np.iinfo(np.int64).min))],
-        names=["k", "ts", "s", columns.SEQ, columns.TS, columns.WM])
-    out = pa.Table.from_batches(agg.add(batch)).to_pylist()
-    assert agg.table.arena.nbytes <= ARENA_PART_BYTES + (1 << 20)
-    assert [(r["k"], r["lo"], r["last"]) for r in out] == [("k", min(values), values[-1])]
-
-
 @pytest.mark.parametrize("seed", [0, 1])
 def test_a_batch_in_parts_gives_one_row_per_group(monkeypatch, seed):
     """Batches cut into parts of a few rows (a tiny ARENA_PART_BYTES), new groups and rebuilds between
