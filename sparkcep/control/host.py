@@ -116,7 +116,7 @@ class EngineHost:
         replay(self.backup, self.engine)
         self.endpoint.staging = self.backup.staging
         self.engine.sent = self.backup.sent_ids()
-        self._serve(Journal(era, self.backup.run, self.token, self.backup.entries))
+        self._serve(Journal(era, self.backup.run, self.token, self.backup.entries, self.backup.last_deployment))
 
     def _serve(self, journal: Journal) -> None:
         journal.outputs, journal.staging = self.engine.outputs, self.endpoint.staging

@@ -191,3 +191,39 @@ def test_no_reader_sees_a_row_the_standby_does_not_hold():
         engine.close()
         first_standby.close()
         second_standby.close()
+
+
+def test_a_query_deployed_again_after_a_take_over_gets_a_new_deployment_id():
+    """Deployed (dq#1), undeployed, then deployed again on the primary that took over: it was dq#1 again (the
+    journal forgets an undeployed query), so a reader's positions of the first deployment were taken for the
+    second one's rows. The number goes on, for a standby synced later too."""
+    standby = Standby()
+    first = primary(standby)
+    try:
+        assert first.deploy(query()).id == "dq#1"
+        first.send("dq_in", batch(0))
+        first.undeploy("dq")
+    finally:
+        first.journal.close()
+        first.close()
+    second, later = cep.Engine.local(), Standby()
+    try:
+        replay(standby.backup, second)  # then serves as the host does, a standby synced from it
+        journal = Journal(2, second.run_id, second.token, standby.backup.entries, standby.backup.last_deployment)
+        journal.token = later.engine.token
+        journal.outputs, journal.staging = second.outputs, second.endpoint.staging
+        second.journal = journal
+        journal.attach("later", later.engine.endpoint.address)
+        assert second.deploy(query()).id == "dq#2"
+        second.undeploy("dq")
+        journal.close()
+        third = cep.Engine.local()
+        try:
+            replay(later.backup, third)
+            assert third.deploy(query()).id == "dq#3"
+        finally:
+            third.close()
+    finally:
+        second.close()
+        later.close()
+        standby.close()

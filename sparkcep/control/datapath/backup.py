@@ -27,7 +27,7 @@ import time
 
 import pyarrow as pa
 
-from sparkcep.control.datapath.journal import forget, query_of
+from sparkcep.control.datapath.journal import deployment_number, forget, query_of
 from sparkcep.control.datapath.wire import Assembler
 from sparkcep.errors import EngineError
 from sparkcep.gateway.deployed import options_from_wire
@@ -49,6 +49,7 @@ class Backup:
 
     def _reset(self, era: int, run: str | None) -> None:
         self.era, self.run, self.synced = era, run, False
+        self.last_deployment = 0  # the highest deployment number the primary gave, undeployed ones too
         self.entries: list[dict] = []
         self.queries: dict = {}  # deployment id -> its Query
         self.logs: dict[str, dict[str, OutputLog]] = {}  # deployment id -> output -> its copy
@@ -69,6 +70,7 @@ class Backup:
         kind = e["kind"]
         if kind == "begin":
             self._reset(era, e["run"])
+            self.last_deployment = e.get("last_deployment", 0)
         elif kind == "ready":
             self.synced = True
         elif kind in ("send", "end", "layout"):
@@ -83,6 +85,7 @@ class Backup:
                     break
         elif kind == "deploy":
             self.entries.append(e)
+            self.last_deployment = max(self.last_deployment, deployment_number(e["deployment"]))
             query = self.queries[e["deployment"]] = query_of(e)
             self.logs[e["deployment"]] = {out: OutputLog(op.schema.to_arrow(), out, KEEP_ALL, deployment=e["deployment"])
                                           for out, op in query.outputs.items()}
@@ -134,13 +137,12 @@ def replay(backup: Backup, engine, progress=log.info) -> None:
     engine.run_id = backup.run
     layouts = {e["deployment"]: e for e in backup.entries if e["kind"] == "layout"}
     deps: dict = {}  # deployment id -> its runtime deployment
-    started, rows, numbers = time.monotonic(), 0, [0]
+    started, rows = time.monotonic(), 0
     with engine._lock:
         for e in backup.entries:
             kind = e["kind"]
             if kind == "deploy":
                 deps[e["deployment"]] = _redeploy(engine, backup, e, layouts.get(e["deployment"]))
-                numbers.append(int(e["deployment"].rpartition("#")[2]))
                 progress("replay: %s deployed again", e["deployment"])
             elif kind == "send":
                 fed = [deps[d] for d in e["epochs"] if d in deps]
@@ -164,7 +166,7 @@ def replay(backup: Backup, engine, progress=log.info) -> None:
                 for d in (deps[d] for d in e["epochs"] if d in deps):
                     _set_epoch(d, e["epochs"][d.id])
                     d.end(e["stream"], e["seq"] - 1)
-        engine._deployment_ids = itertools.count(max(numbers) + 1)
+        engine._deployment_ids = itertools.count(backup.last_deployment + 1)  # no id of the run given twice
     progress("replayed %d deployments and %d rows in %.2f s", len(deps), rows, time.monotonic() - started)
 
 

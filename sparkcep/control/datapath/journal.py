@@ -45,9 +45,11 @@ CONFIRM_S = 5.0  # an acknowledgement waits this long for a synced standby, then
 class Journal:
     """The primary's record and standby link, for era ``era`` of cluster run ``run``."""
 
-    def __init__(self, era: int, run: str, token: str, entries: list[dict] | None = None):
+    def __init__(self, era: int, run: str, token: str, entries: list[dict] | None = None,
+                 last_deployment: int = 0):
         self.era, self.run, self.token = era, run, token
         self.entries: list[dict] = list(entries or [])  # input entries, in order
+        self.last_deployment = last_deployment  # the highest deployment number given, undeployed ones too
         self.lock = threading.RLock()
         self.standby: str | None = None  # the name of the synced standby
         self.recorded = False  # the registry names it as this era's standby: acknowledgements may go
@@ -75,6 +77,7 @@ class Journal:
         self._input({"kind": "end", "stream": stream, "seq": seq, "epochs": epochs})
 
     def deployed(self, dep_id: str, query, options: dict) -> None:
+        self.last_deployment = max(self.last_deployment, deployment_number(dep_id))
         self._input({"kind": "deploy", "deployment": dep_id, "query": query.name,
                      "options": options_to_wire(options), "blob": cloudpickle.dumps(query)})
 
@@ -146,7 +149,7 @@ class Journal:
             link = EngineClient(address, timeout=LINK_TIMEOUT_S, token=self.token)
             started = time.monotonic()
             try:
-                _send(link, self.era, {"kind": "begin", "run": self.run})
+                _send(link, self.era, {"kind": "begin", "run": self.run, "last_deployment": self.last_deployment})
                 for entry in self.entries:
                     _send(link, self.era, entry)
                 for log_ in list(self.outputs.values()):
@@ -204,6 +207,12 @@ def _log_entry(log_) -> dict:
     return {"kind": "log", "deployment": log_.deployment, "output": log_.name, "epoch": snap["epoch"], "rows": snap["rows"],
             "dropped": snap["dropped"], "consumers": snap["consumers"], "parts": parts,
             "batches": batches or None, "schema": log_.stored_schema}
+
+
+def deployment_number(dep_id: str) -> int:
+    """The number of deployment ``dep_id`` (``query#3``: 3): a new deployment's id takes a higher one, so
+    a reader's positions of an earlier deployment of the query are refused (OFFSET_DEPLOYMENT)."""
+    return int(dep_id.rpartition("#")[2])
 
 
 def forget(entries: list[dict], deployments: set[str]) -> list[dict]:
