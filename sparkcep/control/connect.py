@@ -311,7 +311,7 @@ class ConnectedEngine:
         timeout = seconds(timeout)
 
         def read(client):
-            offsets = client.offsets(output, settle=True, timeout=timeout)
+            offsets = client.offsets(output, settle=True, timeout=timeout, whole=True)
             tables, _ = _rows(client, output, offsets, offsets["earliest"])
             fields = client.schema(output)["fields"]
             from sparkcep.schema import as_schema
@@ -328,14 +328,21 @@ class ConnectedEngine:
         function(callback, "subscribe's callback")
         function(on_error, "subscribe's on_error", optional=True)
         stop = threading.Event()
+        if not self._call(f"subscribe to {output!r}", lambda c: c.schema(output)).get("retained", True):
+            raise EngineError(f"output {output!r} keeps no rows (its query was deployed with retain=False), and "
+                              "through Engine.connect a subscription reads them from the output's log: deploy it "
+                              "with retain=True or a cep.Retention, or subscribe where it runs", "NOT_RETAINED")
         at = self._call(f"subscribe to {output!r}", lambda c: c.offsets(output)["latest"])
+
+        def poll(c):
+            offsets = c.offsets(output)
+            return _rows(c, output, offsets, at), offsets.get("failed")
 
         def follow():
             client = None
             try:
                 while not stop.wait(POLL_S):
-                    (tables, reached), client = self.path.call(
-                        f"subscription to {output!r}", lambda c: _rows(c, output, c.offsets(output), at), client)
+                    ((tables, reached), failed), client = self.path.call(f"subscription to {output!r}", poll, client)
                     for table in tables:
                         for batch in table.to_batches():
                             if not stop.is_set():
@@ -345,6 +352,8 @@ class ConnectedEngine:
                                     raise EngineError(f"a subscriber of output {output!r} raised "
                                                       f"{type(e).__name__}: {e}", "SINK") from e
                     at.update(reached)
+                    if failed is not None:  # its query failed: the rows it made before are out, then the error
+                        raise EngineError(failed["message"], failed["code"])
             except SparkcepError as e:
                 if on_error is not None and not stop.is_set():
                     on_error(e)

@@ -32,7 +32,8 @@ commit_stage       one engine send of a batch's staged partitions, in order
 abort_stage        drop a batch's staged rows
 end                end of input for a stream
 offsets            earliest/latest retained position per output partition (``settle``:
-                   once the output reflects every send made so far)
+                   once the output reflects every send made so far; ``whole``: refused
+                   unless the log keeps every row, as collect(); ``failed``: its query's error)
 read               rows [start, end) of one output partition, up to a byte budget
 register           hold an output's rows for a consumer from now on
 commit             a consumer is past these positions: release what all passed
@@ -354,10 +355,14 @@ class Endpoint:
             self.engine._settle(h["stream"], h.get("timeout"))
         if h["stream"] == METRICS:
             self._sample_metrics(_form(h), h.get("interval"))
+        if h.get("whole"):  # as collect(): the rows of an output that keeps none, or lost some, are no answer
+            log_.check_whole()
         earliest, latest = log_.earliest(), log_.latest()
         if h.get("positions") is not None:
             _check_positions(h["stream"], {int(p): int(v) for p, v in h["positions"].items()}, earliest, latest)
-        return {"earliest": _keys(earliest), "latest": _keys(latest), **self._identity(log_)}, b""
+        failed = {} if log_.error is None else {"failed": {"code": getattr(log_.error, "code", "INTERNAL"),
+                                                           "message": str(log_.error)}}
+        return {"earliest": _keys(earliest), "latest": _keys(latest), **self._identity(log_), **failed}, b""
 
     def _op_read(self, h, _):
         log_ = self._output_log(h)

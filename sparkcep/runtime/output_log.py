@@ -262,6 +262,14 @@ class OutputLog:
     # --- reading -------------------------------------------------------------------
     def table(self) -> pa.Table:
         """Every retained row, partition after partition."""
+        self.check_whole()
+        with self._lock:
+            batches = [b for p in sorted(self._parts) for b in self._parts[p].batches]
+        return pa.Table.from_batches([b.select(self.schema.names) for b in batches], schema=self.schema)
+
+    def check_whole(self) -> None:
+        """Raise NOT_RETAINED or OUTPUT_TRUNCATED unless the log holds every row its output produced
+        that no reader committed."""
         if not self.retain:
             raise EngineError(f"output {self.name!r} keeps no rows (its query was deployed with retain=False); "
                               "subscribe to it to get its rows", "NOT_RETAINED")
@@ -269,9 +277,6 @@ class OutputLog:
             raise EngineError(f"output {self.name!r} is incomplete: its retention ({self.retention}) dropped "
                               f"{self.dropped} of its {self.rows} rows; subscribe to it, read it with Spark as it "
                               f"grows, or deploy with a larger retain=cep.Retention(...)", "OUTPUT_TRUNCATED")
-        with self._lock:
-            batches = [b for p in sorted(self._parts) for b in self._parts[p].batches]
-        return pa.Table.from_batches([b.select(self.schema.names) for b in batches], schema=self.schema)
 
     @property
     def partitions(self) -> dict[int, list[pa.RecordBatch]]:

@@ -249,6 +249,55 @@ def test_a_callback_calling_the_engine_is_answered_at_once(api):
         assert got == reference(d.frames)
 
 
+def test_collect_of_an_output_that_keeps_no_rows_or_lost_some_says_so(api):
+    """Through Engine.connect, collect() of a retain=False output was an empty table and one past its
+    retention the rows left, both without a word; an engine raises NOT_RETAINED and OUTPUT_TRUNCATED."""
+    with Deployment(api, "nokeep", parallelism=2, bins=BINS, retain=False) as d:
+        d.send()
+        assert code_of(lambda: api.engine.collect(d.output))[1] == "NOT_RETAINED"
+        if api.kind == "cluster":  # a subscription there reads the log, which keeps nothing
+            assert code_of(lambda: api.engine.subscribe(d.output, print))[1] == "NOT_RETAINED"
+    with Deployment(api, "fewkept", parallelism=2, bins=BINS, retain=cep.Retention(rows=20)) as d:
+        for _ in range(4):
+            d.send()
+        api.engine.end(d.stream)
+        assert code_of(lambda: api.engine.collect(d.output))[1] == "OUTPUT_TRUNCATED"
+
+
+def raising_query(name: str) -> cep.Query:
+    """Rows of ``query``'s input through an operator that raises on a row with v == -999."""
+    def picky(batch):
+        if -999 in batch.column("v").to_pylist():
+            raise ValueError("v = -999 is not welcome")
+        return batch
+    q = cep.Query(name)
+    q.output(f"{name}_raw", q.stream(f"{name}_in", "k string, ts timestamp, v int64").apply(picky, name="picky"))
+    return q
+
+
+def test_a_query_that_fails_tells_the_subscribers_on_error(api):
+    """An operator raises: a subscriber's on_error hears OPERATOR_FAILED, through Engine.connect too (its
+    subscription went quiet: on_error never heard a query's failure there)."""
+    name = f"fails_{api.kind}"
+    api.engine.deploy(raising_query(name), parallelism=2, bins=BINS)
+    try:
+        errors = []
+        api.engine.subscribe(f"{name}_raw", lambda b: None, on_error=errors.append)
+        api.engine.send(f"{name}_in", frame(0))
+        try:
+            api.engine.send(f"{name}_in", frame(1).assign(v=-999))
+        except cep.EngineError as e:  # in one process the send itself fails; with workers, a later call
+            assert e.code == "OPERATOR_FAILED"
+        deadline = time.monotonic() + 30
+        while not errors and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [e.code for e in errors] == ["OPERATOR_FAILED"], errors
+        assert "v = -999 is not welcome" in str(errors[0])
+        assert code_of(lambda: api.engine.send(f"{name}_in", frame(2)))[1] == "OPERATOR_FAILED"
+    finally:
+        api.engine.undeploy(name)
+
+
 def test_migrate_with_numpy_integers_moves_exactly_the_bins_asked(api):
     with Deployment(api, "mig", parallelism=2, bins=BINS) as d:
         d.send()
