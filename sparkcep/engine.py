@@ -251,6 +251,7 @@ class Engine:
             migrator.sides = dep.sides if remote else None
         migrator.on_change = self._reconfigured
         dep.on_fail.append(lambda error: [out.fail(error) for out in dep.logs.values()])
+        dep.on_fail.append(lambda error: self.journal is not None and self.journal.failed(dep_id, error))
         for out in query.outputs:
             self.outputs[out] = dep.logs[out]
             self.outputs[out].journal = self.journal

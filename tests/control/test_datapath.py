@@ -11,6 +11,7 @@ over; an aborted send leaves no trace.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -226,4 +227,29 @@ def test_a_query_deployed_again_after_a_take_over_gets_a_new_deployment_id():
     finally:
         second.close()
         later.close()
+        standby.close()
+
+
+def test_a_deployment_that_failed_fails_again_after_a_take_over():
+    """A replicas=1 query failed (WORKER_DIED) on the primary came back running after a take-over: the
+    replay deployed it on live workers again and nothing said it had failed. It is failed again, with its
+    error, and refuses sends as before."""
+    standby = Standby()
+    first = primary(standby)
+    try:
+        first.deploy(query())
+        first.send("dq_in", batch(0))
+        first.deployments["dq"].fail(cep.EngineError("instance manager w1 is gone", "WORKER_DIED"))
+    finally:
+        first.journal.close()
+        first.close()
+    second = cep.Engine.local()
+    try:
+        replay(standby.backup, second)
+        assert [r["state"] for r in second.deployment("dq").replicas()] == ["failed"]
+        with pytest.raises(cep.EngineError, match="instance manager w1 is gone") as e:
+            second.send("dq_in", batch(1))
+        assert e.value.code == "WORKER_DIED"
+    finally:
+        second.close()
         standby.close()

@@ -73,7 +73,7 @@ class Backup:
             self.last_deployment = e.get("last_deployment", 0)
         elif kind == "ready":
             self.synced = True
-        elif kind in ("send", "end", "layout"):
+        elif kind in ("send", "end", "layout", "failed"):
             self.entries.append(e)
             key = e.get("key")
             if key and key[0] == "stage":
@@ -160,6 +160,8 @@ def replay(backup: Backup, engine, progress=log.info) -> None:
                 except EngineError as error:  # as on the primary: the deployment failed on it
                     log.warning("replay: send of %d rows to %s: %s [%s]", e["rows"], e["stream"], error, error.code)
                 rows += e["rows"]
+            elif kind == "failed" and e["deployment"] in deps and deps[e["deployment"]].error is None:
+                deps[e["deployment"]].fail(EngineError(e["message"], e["code"]))
             elif kind == "end":
                 engine._seq = e["seq"]
                 engine._ended.add(e["stream"])

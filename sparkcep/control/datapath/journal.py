@@ -81,6 +81,12 @@ class Journal:
         self._input({"kind": "deploy", "deployment": dep_id, "query": query.name,
                      "options": options_to_wire(options), "blob": cloudpickle.dumps(query)})
 
+    def failed(self, dep_id: str, error: EngineError) -> None:
+        """Deployment ``dep_id`` failed: a take-over fails it again, whatever made it fail (a worker that
+        died is not there to die again)."""
+        self._input({"kind": "failed", "deployment": dep_id, "code": getattr(error, "code", "INTERNAL"),
+                     "message": str(error)})
+
     def undeployed(self, name: str) -> None:
         with self.lock:
             gone = {e["deployment"] for e in self.entries if e["kind"] == "deploy" and e["query"] == name}
