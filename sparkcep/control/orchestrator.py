@@ -269,7 +269,16 @@ class Orchestrator:
 
     def _undeploy(self, request: dict) -> dict:
         name = request["query"]
-        self.path.call(f"undeploy of {name!r}", lambda c: c.undeploy(name))
+        tries = []
+
+        def undeploy(client):
+            tries.append(1)
+            try:
+                client.undeploy(name)
+            except SparkcepError as e:  # a retry after the primary took it and failed over: it is gone
+                if e.code != "UNKNOWN_QUERY" or len(tries) == 1:
+                    raise
+        self.path.call(f"undeploy of {name!r}", undeploy)
         record = self.registry.get(f"{tree.DEPLOYMENTS}/{name}") or {}
         nodes = [f"{tree.STREAMS}/{s}" for s in record.get("streams", [])] + \
                 [f"{tree.OUTPUTS}/{o}" for o in record.get("outputs", [])]
