@@ -1,6 +1,6 @@
 """The leading orchestrator's records of deployments (``/deployments``) against what the data path serves.
 
-A real ZooKeeper, a real orchestrator (not running its loop: the test calls its refresh) and a real engine
+A real ZooKeeper, a real orchestrator (not running its loop: the test calls its refresh and undeploy) and a real engine
 endpoint as the cluster's ``/engine``. An engine host taking over serves metrics while it replays its
 journal, with only the queries replayed so far: a refresh then must leave the records alone. Before, it
 deleted the records of the queries not replayed yet, and wrote them again afterwards without their deploy
@@ -81,3 +81,23 @@ def test_a_refresh_forgets_a_query_the_serving_data_path_no_longer_runs(cluster)
     engine.undeploy("a")  # by another client of the data path
     orch._refresh()
     assert record(orch, "a") is None
+
+
+def test_an_undeploy_whose_answer_was_lost_to_a_fail_over_is_done(cluster, monkeypatch):
+    """The primary undeploys the query, then dies before it answers: the orchestrator's retry on the primary
+    that took over finds the query gone. That raised UNKNOWN_QUERY to a caller whose undeploy succeeded."""
+    from sparkcep.gateway.client import EngineClient
+    from sparkcep.gateway.discovery import EngineNotFoundError
+    orch, engine = cluster
+    deploy(orch, query("u"))
+    undeploy, calls = EngineClient.undeploy, []
+
+    def answer_lost(client, name):
+        calls.append(name)
+        undeploy(client, name)
+        if len(calls) == 1:
+            raise EngineNotFoundError("the engine closed the connection (it died)", "ENGINE_NOT_FOUND")
+    monkeypatch.setattr(EngineClient, "undeploy", answer_lost)
+    assert orch._undeploy({"query": "u"}) == {"query": "u"}
+    assert calls == ["u", "u"] and "u" not in engine.deployments and record(orch, "u") is None
+
