@@ -96,7 +96,7 @@ def number(value, name: str, minimum: float = 0.0, maximum: float = math.inf, er
         raise error(f"{name} must be a finite number, got {x!r}", code)
     if not minimum <= x <= maximum:
         bound = f">= {minimum:g}" if x < minimum else f"<= {maximum:g}"
-        raise error(f"{name} must be {bound}, got {x:g}", code)
+        raise error(f"{name} must be {bound}, got {value}", code)  # as given: 1000000000, not 1e+09
     return x
 
 

@@ -1,5 +1,6 @@
 """A misspelled keyword of the public API is refused by name, with the closest valid one."""
 
+import numpy as np
 import pytest
 
 import sparkcep as cep
@@ -89,3 +90,11 @@ def test_a_stateful_key_named_twice_is_refused():
     s = cep.Query("q").stream("s", "k string, ts timestamp")
     with pytest.raises(QueryError, match=r"stateful\(\) by=\('k', 'k'\) names 'k' more than once"):
         s.stateful(Count(), by=("k", "k"))
+
+
+def test_a_number_out_of_range_is_named_as_given():
+    """gap_ms=10**9 was refused as "got 1e+09"."""
+    from sparkcep.arguments import number
+    for given, shown in [(10**9, "1000000000"), (np.int64(70_000), "70000"), (-3, "-3")]:
+        with pytest.raises(QueryError, match=rf"gap_ms must be [<>]= \d+, got {shown}$"):
+            number(given, "gap_ms", maximum=60_000)
