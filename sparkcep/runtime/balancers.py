@@ -16,7 +16,7 @@ from abc import ABC, abstractmethod
 import pyarrow as pa
 
 from sparkcep.core import columns
-from sparkcep.core.partition import destinations, partition
+from sparkcep.core.partition import destinations
 from sparkcep.query.planner import BROADCAST, POINT_TO_POINT, ROUND_ROBIN, ROUTE_KEY, Edge
 from sparkcep.runtime.bins import BinTable
 from sparkcep.runtime.channels import Configure, Control, Producer
@@ -75,7 +75,9 @@ class RouteKey(Balancer):
 
     def split(self, batch):
         order, starts = destinations(*columns.encode_keys(batch, self.keys), self.table.owners, self.instances)
-        return [(i, part) for i, part in enumerate(partition(batch, order, starts)) if part is not None]
+        taken = columns.take(batch, order)
+        return [(i, taken.slice(starts[i], starts[i + 1] - starts[i])) for i in range(self.instances)
+                if starts[i + 1] > starts[i]]
 
 
 def balancer_for(edge: Edge, instances: int, tables: dict[str, BinTable]) -> Balancer:
