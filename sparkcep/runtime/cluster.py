@@ -278,56 +278,66 @@ class Cluster:
                  "instances": hosted[im.index]} for im in self.ims]
 
     # --- requests ----------------------------------------------------------------------
-    def request_all(self, indices, make, timeout: float = REPLY_TIMEOUT_S) -> dict[int, object]:
-        """Send ``make(index, number)`` to each instance manager in ``indices``; their replies."""
+    def request_all(self, indices, make, timeout: float = REPLY_TIMEOUT_S, partial: bool = False) -> dict:
+        """Send ``make(index, number)`` to each instance manager in ``indices`` (all at once); their replies.
+
+        With ``partial``, the replies that came within ``timeout``: an instance manager that is dead, does
+        not answer or refuses is left out instead of raising.
+        """
         waiting = {}
-        for i in indices:
-            im = self.ims[i]
-            if im.dead:
-                raise EngineError(im.dead, "WORKER_DIED")
-            number = next(self._numbers)
-            slot: list = []
+        try:
+            for i in indices:
+                number = next(self._numbers)
+                try:
+                    waiting[i] = self._ask(self.ims[i], make(i, number), number)
+                except EngineError:
+                    if not partial:
+                        raise
+            return self._replies_of(waiting, timeout, partial)
+        finally:
             with self.lock:
-                self._replies[number] = slot
-            try:
-                with im.send_lock:
-                    cmd.send_record(im.sock, make(i, number))
-            except OSError:
-                with self.lock:
+                for number, _ in waiting.values():
                     self._replies.pop(number, None)
-                raise EngineError(f"{im.describe()} is gone", "WORKER_DIED") from None
-            waiting[i] = (number, slot)
-        deadline = time.monotonic() + timeout
-        out = {}
+
+    def _ask(self, im: InstanceManagerLink, request, number: int) -> tuple[int, list]:
+        """Send ``request`` numbered ``number``: (``number``, the list its reply will be put in)."""
+        if im.dead:
+            raise EngineError(im.dead, "WORKER_DIED")
+        slot: list = []
+        with self.lock:
+            self._replies[number] = slot
+        try:
+            with im.send_lock:
+                cmd.send_record(im.sock, request)
+        except OSError:
+            raise EngineError(f"{im.describe()} is gone", "WORKER_DIED") from None
+        return number, slot
+
+    def _replies_of(self, waiting: dict, timeout: float, partial: bool) -> dict:
+        """The replies to the requests ``waiting`` (index -> (number, slot)), as :meth:`request_all`."""
+        out, deadline = {}, time.monotonic() + timeout
         with self.progress:
-            for i, (number, slot) in waiting.items():
+            for i, (_, slot) in waiting.items():
                 im = self.ims[i]
-                while not slot:
-                    left = deadline - time.monotonic()
-                    if im.dead or left <= 0:
-                        for n, _ in waiting.values():
-                            self._replies.pop(n, None)
-                        if im.dead:
-                            raise EngineError(im.dead, "WORKER_DIED")
-                        raise EngineError(f"{im.describe()} did not answer within {timeout:.0f} s", "WORKER_TIMEOUT")
-                    self.progress.wait(min(left, 0.1))
-                self._replies.pop(number, None)
-                answer = slot[0]
-                if isinstance(answer, cmd.Refused):
-                    raise EngineError(answer.message, answer.code)
-                out[i] = answer.value
+                while not slot and not im.dead and time.monotonic() < deadline:
+                    self.progress.wait(min(deadline - time.monotonic(), 0.1))
+                if slot and not isinstance(slot[0], cmd.Refused):
+                    out[i] = slot[0].value
+                elif partial:
+                    continue
+                elif slot:
+                    raise EngineError(slot[0].message, slot[0].code)
+                elif im.dead:
+                    raise EngineError(im.dead, "WORKER_DIED")
+                else:
+                    raise EngineError(f"{im.describe()} did not answer within {timeout:.0f} s", "WORKER_TIMEOUT")
         return out
 
     def snapshots(self) -> dict[int, dict]:
-        """The metrics snapshot of every live instance manager that answers within METRICS_TIMEOUT_S."""
-        out = {}
-        for im in self.ims:
-            if im.dead is None:
-                try:
-                    out.update(self.request_all([im.index], lambda i, n: cmd.Metrics(n), timeout=METRICS_TIMEOUT_S))
-                except EngineError:
-                    pass
-        return out
+        """The metrics snapshot of every live instance manager that answers within METRICS_TIMEOUT_S (asked
+        all at once: two stopped ones make metrics() wait that long once, not twice)."""
+        live = [im.index for im in self.ims if im.dead is None]
+        return self.request_all(live, lambda i, n: cmd.Metrics(n), METRICS_TIMEOUT_S, partial=True)
 
     def im_metrics(self, snaps: dict[int, dict], counters: dict) -> dict[int, dict]:
         """Per instance manager: where it runs, whether it lives, memory, bytes in/out, instances,

@@ -208,3 +208,23 @@ def test_migrations_and_balancer_decisions_are_visible(own_home, tmp_path):
     assert "balancer (queries mq): busy im-0 " in text and "decisions (1, the last 1):" in text, text
     assert "mq.per_k rescale [done]: instance manager newcomer joined: per_k goes from 2 to 3" in text, text
     assert f"latency max {rescaled['max_latency_ms']:g} ms, p99 {rescaled['p99_latency_ms']:g} ms" in text, text
+
+
+def test_instance_managers_that_do_not_answer_cost_one_wait(monkeypatch):
+    """Both SIGSTOPped: metrics() asks them at once and waits METRICS_TIMEOUT_S once (it asked one after
+    the other, waiting for each in turn), then names both."""
+    monkeypatch.setattr("sparkcep.runtime.cluster.METRICS_TIMEOUT_S", 2.0)
+    with cep.Engine.local(workers=2) as engine:
+        engine.deploy(make(), parallelism=2)
+        pids = [im["pid"] for im in engine.instance_managers()]
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            ims = engine.metrics()["instance_managers"]
+            took = time.monotonic() - t0
+        finally:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+    assert 2.0 <= took < 3.5, took
+    assert all(im["error"].startswith("no answer to the metrics request within 2 s") for im in ims.values())
