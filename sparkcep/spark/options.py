@@ -21,10 +21,12 @@
 ``consumer``           name under which reads are committed; default: the streaming query's
                        own, kept in its offsets (so in its checkpoint). Rows are released once
                        every consumer of an output passed them
-``metricsInterval``    seconds between two ``$metrics`` samples (default 1)
+``metricsInterval``    seconds between two ``$metrics`` samples (default 1, at least 0.1)
 =====================  ==================================================================
 
-The options from ``startingOffsets`` on apply to reading only. Spark adds
+The options from ``startingOffsets`` on apply to reading only;
+``startingOffsets``, ``maxRecordsPerTrigger`` and ``consumer`` to streaming
+reads only (a batch read takes every row the output holds). Spark adds
 ``path`` (``load(name)``, ``save(name)``, ``start(name)``),
 ``checkpointLocation`` and ``queryName`` itself; any other key is refused
 with the closest valid name.
@@ -43,11 +45,13 @@ from sparkcep.errors import SparkcepError
 COMMON = ("stream", "engine", "tokenFile")
 READ_ONLY = ("startingOffsets", "maxRecordsPerTrigger", "rowsPerPartition", "includeMetadata", "consumer",
              "metricsInterval", "form")
+STREAM_READ_ONLY = ("startingOffsets", "maxRecordsPerTrigger", "consumer")
 FROM_SPARK = ("path", "checkpointLocation", "queryName")  # what Spark itself passes to a Python data source
 _NAMES = {n.lower(): n for n in COMMON + READ_ONLY + FROM_SPARK}
 METRICS = "$metrics"
 FORMS = ("long", "wide")  # of $metrics
 INT64_MAX = (1 << 63) - 1
+MIN_INTERVAL_S = 0.1  # metricsInterval: 0 sampled at every micro-batch, and the stream never caught up
 
 
 class SparkSourceError(SparkcepError):
@@ -92,6 +96,9 @@ class SourceOptions:
                 raise SparkSourceError(f"unknown option {key!r}{_suggest(key)}; the options are "
                                        f"{', '.join(COMMON + READ_ONLY)}", "OPTION")
         stream = opts.get("stream") or opts.get("path")
+        if opts.get("stream") and opts.get("path") and opts["stream"] != opts["path"]:
+            raise SparkSourceError(f"option stream={opts['stream']!r} and the name {opts['path']!r} given to "
+                                   "load()/save()/start() name two streams: give one of them", "OPTION")
         if not stream:
             raise SparkSourceError("option 'stream' is required: .option('stream', '<engine stream name>')",
                                    "OPTION")
@@ -106,6 +113,14 @@ class SourceOptions:
                    metrics_interval=_float(opts, "metricsInterval", 1.0),
                    form=_choice(opts, "form", FORMS),
                    given=frozenset(_NAMES[k] for k in opts))
+
+    def check_batch_readable(self) -> None:
+        """Refuse the options of streaming reads on a batch read (SparkSourceError ``OPTION``): a batch read
+        takes every row the output holds, commits nothing."""
+        misplaced = [n for n in STREAM_READ_ONLY if n in self.given]
+        if misplaced:
+            raise SparkSourceError(f"option {misplaced[0]} applies to streaming reads (readStream); a batch read "
+                                   "takes every row the output holds now", "OPTION")
 
     def check_writable(self) -> None:
         """Refuse reading options on a writer (SparkSourceError ``OPTION``)."""
@@ -156,7 +171,7 @@ def _integer(value, name: str, minimum: int) -> int:
     (what Spark and the engine count rows and positions in) raises ``OPTION``."""
     if isinstance(value, str):
         text = value.strip()
-        value = int(text) if text.lstrip("-").isdecimal() else text
+        value = int(text) if text.isascii() and text.lstrip("-").isdecimal() else text
     return integer(value, name, minimum=minimum, maximum=INT64_MAX, error=SparkSourceError, code="OPTION")
 
 
@@ -168,8 +183,9 @@ def _float(opts: dict, name: str, default: float) -> float:
         x = float(opts[key])
     except ValueError:
         x = -1.0
-    if not 0 <= x < math.inf:  # nan too
-        raise SparkSourceError(f"option {name}={opts[key]!r}: expected a number of seconds >= 0", "OPTION")
+    if not MIN_INTERVAL_S <= x < math.inf:  # nan too
+        raise SparkSourceError(f"option {name}={opts[key]!r}: expected a number of seconds >= {MIN_INTERVAL_S}",
+                               "OPTION")
     return x
 
 

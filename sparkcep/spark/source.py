@@ -94,6 +94,7 @@ class UpmcepDataSource(DataSource):
     def reader(self, schema):
         from sparkcep.spark.reader import BatchReader
 
+        self.opts.check_batch_readable()
         self._readable(schema)
         return BatchReader(self.target, self.opts, schema)
 

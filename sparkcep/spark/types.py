@@ -9,8 +9,7 @@ SPARK_TYPES = {"string": "StringType", "int64": "LongType", "int32": "IntegerTyp
                "float32": "FloatType", "bool": "BooleanType", "timestamp": "TimestampType"}
 # Spark type (simpleString) -> engine type
 ENGINE_TYPES = {"string": "string", "bigint": "int64", "int": "int32",
-                "double": "float64", "float": "float32", "boolean": "bool", "timestamp": "timestamp",
-                "timestamp_ntz": "timestamp"}
+                "double": "float64", "float": "float32", "boolean": "bool", "timestamp": "timestamp"}
 # what the engine's ingest converts without loss (see sparkcep.core.ingest)
 _WIDENS = {("int32", "int64"), ("int32", "float64"), ("int64", "float64"), ("float32", "float64"),
            ("int32", "float32")}
@@ -47,6 +46,10 @@ def check_writable(stream: str, fields: dict[str, str], spark_schema) -> list[st
         raise SparkSourceError(f"column {extra[0]!r} is not a field of stream {stream!r} (fields: "
                                f"{list(fields)}); .select() the stream's fields before writing", "SCHEMA")
     for name, want in fields.items():
+        if got[name] == "timestamp_ntz" and want == "timestamp":
+            raise SparkSourceError(f"column {name!r} is timestamp_ntz, a wall-clock time of no time zone, but "
+                                   f"stream {stream!r} holds instants: cast it to timestamp first (Spark then "
+                                   "reads it in the session time zone)", "SCHEMA")
         have = ENGINE_TYPES.get(got[name])
         if have != want and (have, want) not in _WIDENS:
             raise SparkSourceError(f"column {name!r} is {got[name]} but stream {stream!r} expects {want} "

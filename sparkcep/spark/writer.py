@@ -33,7 +33,8 @@ from sparkcep.spark.options import SparkSourceError
 
 @dataclass
 class Staged(WriterCommitMessage):
-    """What one task staged: its key, its attempt, the rows it counted, the engine run that holds them."""
+    """What one task staged: its key, its attempt, the rows it counted, the engine run that holds them and
+    where it was reached (the task's :class:`Target` address)."""
 
     writer: str
     batch: int
@@ -41,6 +42,7 @@ class Staged(WriterCommitMessage):
     attempt: str
     rows: int
     engine: str
+    address: str
 
 
 def stage_partition(target: Target, stream: str, columns: list[str], batches, writer: str, batch: int,
@@ -62,12 +64,18 @@ def stage_partition(target: Target, stream: str, columns: list[str], batches, wr
         if not reply["duplicate"] and reply["rows"] != rows:
             raise SparkSourceError(f"writer {writer} batch {batch} partition {partition}: staged {rows} rows, the "
                                    f"engine holds {reply['rows']}", "STAGE_MISSING")
-    return Staged(writer, batch, partition, attempt, rows, engine)
+    return Staged(writer, batch, partition, attempt, rows, engine, target.address)
 
 
 def commit_batch(target: Target, stream: str, messages, batch: int) -> None:
     """The driver's commit: one engine send of every staged partition of ``batch``."""
     staged = [m for m in messages if isinstance(m, Staged)]
+    elsewhere = sorted({m.address for m in staged} - {target.address})
+    if elsewhere:  # engine unset and another engine published itself as this machine's since the query began
+        raise SparkSourceError(f"batch {batch}: its tasks wrote to the engine at {', '.join(elsewhere)}, its commit "
+                               f"goes to the engine at {target.address}: the local engine changed while the query "
+                               "ran (an engine started or closed on this machine); name one with "
+                               ".option('engine', 'host:port')", "ENGINE_CHANGED")
     if staged:
         parts = [(m.partition, m.attempt, m.rows, m.engine) for m in staged]
         call(target, lambda c: c.commit_stage(stream, staged[0].writer, batch, parts))

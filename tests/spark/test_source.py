@@ -82,6 +82,9 @@ def test_option_errors(spark, engine):
                                                 r"\(did you mean maxRecordsPerTrigger\?\)"):
         spark.readStream.format("upmcep").option("engine", a).option("stream", "all") \
             .option("maxRecordsPerTriger", 10).load()
+    # a batch read takes every row the output holds: the options of streaming reads were ignored there
+    with pytest.raises(Exception, match=r"\[UPMCEP_OPTION\] option startingOffsets applies to streaming reads"):
+        _load(spark, engine=a, stream="all", startingOffsets="latest").count()
     # options Spark passes itself are accepted
     spark.read.format("upmcep").option("engine", a).option("checkpointLocation", "/x").option("queryName", "q") \
         .load("all")
