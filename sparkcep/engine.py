@@ -461,7 +461,8 @@ class Engine:
     @checked(QueryError)
     @outside_callbacks
     def collect(self, output: str, timeout: float | None = None) -> pa.Table:
-        """Everything ``output`` has produced for the input sent so far, as a pyarrow Table.
+        """Everything ``output`` has produced for the input sent so far, as a pyarrow Table: the rows its log
+        holds, less those every Spark streaming reader of it committed past (released, see README).
 
         With workers it first waits (up to ``timeout`` s, a finite number; None: the
         default limit) until the output reflects every ``send``/``end`` made before the call.
