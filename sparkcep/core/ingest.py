@@ -17,10 +17,14 @@ from sparkcep.arguments import did_you_mean
 from sparkcep.errors import InputError
 from sparkcep.schema import Schema, type_name
 
-# Widening casts accepted without complaint; anything else must match exactly.
 _BAD_VALUE = (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError)
+# Casts taken (each value checked: out of range is refused); anything else must match exactly.
+_SMALL_INTS = ("int8", "int16", "uint8", "uint16")
 _SAFE = {("int32", "int64"), ("int32", "float64"), ("int64", "float64"), ("float32", "float64"),
-         ("int32", "float32"), ("float64", "float32"), ("int64", "int32")}
+         ("int32", "float32"), ("float64", "float32"), ("int64", "int32"), ("uint32", "int64"),
+         ("uint64", "int64"), ("uint32", "int32"), ("halffloat", "float32"), ("halffloat", "float64"),
+         *((small, wide) for small in _SMALL_INTS for wide in ("int32", "int64", "float32", "float64"))}
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def to_batch(stream: str, schema: Schema, data, time_field: str | None) -> pa.RecordBatch:
@@ -94,9 +98,10 @@ def _joined(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
 
 
 def _columns(stream: str, data) -> dict:
-    if isinstance(data, pa.RecordBatch):
-        return {n: data.column(i) for i, n in enumerate(data.schema.names)}
-    if isinstance(data, pa.Table):
+    if isinstance(data, (pa.RecordBatch, pa.Table)):
+        _check_unique(stream, data.schema.names)
+        if isinstance(data, pa.RecordBatch):
+            return {n: data.column(i) for i, n in enumerate(data.schema.names)}
         return {n: data.column(i).combine_chunks() for i, n in enumerate(data.schema.names)}
     if isinstance(data, dict):
         for name, values in data.items():
@@ -106,9 +111,27 @@ def _columns(stream: str, data) -> dict:
                                  "BAD_DATA")
         return dict(data)
     if type(data).__name__ == "DataFrame" and hasattr(data, "columns"):
-        return {str(c): data[c] for c in data.columns}
+        names = [str(c) for c in data.columns]
+        _check_unique(stream, names)
+        return {n: data.iloc[:, i] for i, n in enumerate(names)}
     raise InputError(f"stream {stream!r}: cannot send a {type(data).__name__}; send a pyarrow Table or "
                      "RecordBatch, a pandas DataFrame or a dict of columns", "BAD_DATA")
+
+
+def _check_unique(stream: str, names: list[str]) -> None:
+    seen = set()
+    for n in names:
+        if n in seen:
+            raise InputError(f"stream {stream!r}: field {n!r} is given twice; send each field once", "DUPLICATE_FIELD")
+        seen.add(n)
+
+
+def _detached(values):
+    """A numpy or pandas column copied: Arrow wraps their buffers without copying, and a caller may
+    reuse its buffer once the send returned, while the engine keeps the rows (outputs, join state)."""
+    if isinstance(values, np.ndarray) or type(values).__module__.startswith("pandas"):
+        return values.copy()
+    return values
 
 
 def _convert(stream: str, field: str, want: str, values) -> pa.Array:
@@ -118,7 +141,7 @@ def _convert(stream: str, field: str, want: str, values) -> pa.Array:
             if getattr(v, "nanosecond", 0):
                 raise InputError(f"stream {stream!r}: field {field!r}: {_finer(field, row, v.to_datetime64())}", "TYPE")
     try:
-        arr = values if isinstance(values, pa.Array) else pa.array(values, from_pandas=True)
+        arr = values if isinstance(values, pa.Array) else pa.array(_detached(values), from_pandas=True)
     except _BAD_VALUE as e:
         arr = _convert_explicit(stream, field, want, values, target, e)
     if isinstance(arr, pa.ChunkedArray):
@@ -134,15 +157,44 @@ def _convert(stream: str, field: str, want: str, values) -> pa.Array:
     except Exception:
         got = str(arr.type)
     if (got, want) in _SAFE or (got == want):
-        try:
-            return arr.cast(target, safe=True)
-        except pa.ArrowInvalid as e:
-            why = _sub_microsecond(field, arr) or f"cannot convert {got} to {want}: {e}{_first_bad(arr, target)}"
-            raise InputError(f"stream {stream!r}: field {field!r}: {why}", "TYPE") from None
-    hint = ("; send datetimes or a pyarrow timestamp column (integers are ambiguous: s, ms or us?)"
-            if want == "timestamp" and got in ("int32", "int64") else "")
-    raise InputError(f"stream {stream!r}: field {field!r} expects {want}, got {got}{hint}"
-                     + _first_bad(values, target), "TYPE")
+        why = _overflows_float32(arr) if want == "float32" else None
+        if why is None:
+            try:
+                return arr.cast(target, safe=True)
+            except pa.ArrowInvalid as e:
+                why = _sub_microsecond(field, arr) or f"cannot convert {got} to {want}: {e}{_first_bad(arr, target)}"
+        raise InputError(f"stream {stream!r}: field {field!r}: {why}", "TYPE") from None
+    if want in ("int32", "int64") and pa.types.is_floating(arr.type):
+        hint = _float_for_int(field, arr, want)
+    else:
+        hint = _first_bad(values, target)
+    if want == "timestamp" and got in ("int32", "int64"):
+        hint = "; send datetimes or a pyarrow timestamp column (integers are ambiguous: s, ms or us?)" + hint
+    raise InputError(f"stream {stream!r}: field {field!r} expects {want}, got {got}{hint}", "TYPE")
+
+
+def _overflows_float32(arr: pa.Array) -> str | None:
+    """Why ``arr`` cannot be float32, naming the first finite value past its range (None: it can)."""
+    if not pa.types.is_floating(arr.type) or arr.type.bit_width <= 32:
+        return None
+    x = pc.fill_null(arr, 0.0).to_numpy()
+    bad = np.flatnonzero(np.isfinite(x) & (np.abs(x) > _FLOAT32_MAX))
+    if not len(bad):
+        return None
+    return f"row {int(bad[0])} is {float(x[bad[0]])!r}, out of float32's range (+-{_FLOAT32_MAX:.6g}); declare the field float64"
+
+
+def _float_for_int(field: str, arr: pa.Array, want: str) -> str:
+    """What to do about float values sent to an integer field, naming the first row in the way."""
+    x = arr.to_numpy(zero_copy_only=False)
+    missing = np.flatnonzero(np.isnan(x))
+    if len(missing):
+        return (f" (row {int(missing[0])} is missing: pandas holds integers with missing values as floats; "
+                f"send a nullable integer column, e.g. df[{field!r}].astype(\"Int64\"))")
+    fractional = np.flatnonzero(x != np.trunc(x))
+    if len(fractional):
+        return f" (row {int(fractional[0])}: {float(x[fractional[0]])!r})"
+    return f" (whole numbers: cast the column, e.g. df[{field!r}].astype(\"{want}\"))"
 
 
 def _convert_explicit(stream, field, want, values, target, error):
