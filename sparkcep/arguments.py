@@ -108,21 +108,33 @@ def seconds(timeout, name: str = "timeout") -> float | None:
 def scalar(value):
     """A numpy scalar (``np.int64(5)``, ``np.bool_``, ``np.datetime64``, ``np.timedelta64``) as the Python
     value it holds: int, float, bool, str, ``datetime.datetime``, ``datetime.timedelta``, None for NaT
-    (numpy's, and pandas' ``pd.NaT``). Times go through microseconds, the engine's unit. Anything else is
+    (numpy's, and pandas' ``pd.NaT``). Times go through microseconds, the engine's unit: a time finer
+    than that (numpy's or pandas' nanoseconds) raises QueryError, never truncated. Anything else is
     returned as it is.
 
     Duck-typed: the query layer imports neither numpy nor pandas.
     """
-    if isinstance(value, (dt.datetime, dt.timedelta)) and value != value:  # pd.NaT, a datetime unequal to itself
-        return None
+    if isinstance(value, (dt.datetime, dt.timedelta)):
+        if value != value:  # pd.NaT, a datetime unequal to itself
+            return None
+        if getattr(value, "nanosecond", 0) or getattr(value, "nanoseconds", 0):  # pandas' Timestamp, Timedelta
+            raise QueryError(_finer(value, '.floor("us") in pandas'))
+        return value
     if type(value).__module__ != "numpy" or getattr(value, "ndim", None) != 0:
         return value
     kind = value.dtype.kind
-    if kind == "M":
-        return value.astype("datetime64[us]").item()
-    if kind == "m":
-        return value.astype("timedelta64[us]").item()
+    if kind in ("M", "m"):
+        unit = "datetime64[us]" if kind == "M" else "timedelta64[us]"
+        us = value.astype(unit)
+        if us != value and value == value:  # NaT equals nothing, itself included
+            raise QueryError(_finer(value, f'.astype("{unit}") in numpy'))
+        return us.item()
     return value.item()
+
+
+def _finer(value, rounding: str) -> str:
+    """Why the time ``value`` is refused, and ``rounding``: how to round it."""
+    return f"{value!r} is finer than the microseconds the engine keeps; round it first, e.g. with {rounding}"
 
 
 def function(value, name: str, optional: bool = False, error=QueryError, code: str = "BAD_CALLBACK"):

@@ -55,13 +55,11 @@ class Schema:
         if isinstance(fields, Schema):
             self.fields: dict[str, str] = dict(fields.fields)
         elif isinstance(fields, pa.Schema):
-            self.fields = {f.name: type_name(f.type) for f in fields}
+            self.fields = _checked([(f.name, f.type) for f in fields], f"pyarrow schema ({', '.join(fields.names)})")
         elif isinstance(fields, str):
-            self.fields = _parse_ddl(fields)
+            self.fields = _checked(_parse_ddl(fields), f"DDL {fields!r}")
         elif isinstance(fields, dict):
-            self.fields = {}
-            for name, t in fields.items():
-                self.fields[_check_name(name)] = type_name(t) if isinstance(t, pa.DataType) else type_name(arrow_type(t))
+            self.fields = _checked(fields.items(), "dict")
         else:
             raise SchemaError(f"cannot make a schema from {type(fields).__name__}")
         if not self.fields:
@@ -101,17 +99,26 @@ def _check_name(name: str) -> str:
     return name
 
 
-def _parse_ddl(ddl: str) -> dict[str, str]:
+def _checked(pairs, where: str) -> dict[str, str]:
+    """The fields of every spelling, from its (name, type) pairs: each name valid and given once, each type
+    an engine type (an Arrow type or a name)."""
     fields = {}
+    for name, t in pairs:
+        if _check_name(name) in fields:
+            raise SchemaError(f"field {name!r} appears twice in {where}")
+        fields[name] = type_name(t) if isinstance(t, pa.DataType) else type_name(arrow_type(t))
+    return fields
+
+
+def _parse_ddl(ddl: str) -> list[tuple[str, str]]:
+    """The (name, type) pairs of a DDL string ``"ip string, bytes int64"``."""
+    pairs = []
     for part in ddl.split(","):
         words = part.split()
         if len(words) != 2:
             raise SchemaError(f"cannot parse {part.strip()!r} in DDL {ddl!r}; expected 'name type'")
-        name, t = words
-        if name in fields:
-            raise SchemaError(f"field {name!r} appears twice in DDL {ddl!r}")
-        fields[_check_name(name)] = type_name(arrow_type(t))
-    return fields
+        pairs.append(tuple(words))
+    return pairs
 
 
 def as_schema(value) -> Schema:

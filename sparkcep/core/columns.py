@@ -148,7 +148,9 @@ def as_bits(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """(uint64 bit patterns, valid) of a fixed-width array, as the key encoding stores them."""
     v, valid = values(arr)
     if v.dtype == np.float64 or v.dtype == np.float32:
-        v = v.astype(np.float64) + 0.0  # -0.0 -> 0.0 so they group together
+        v = v.astype(np.float64)  # a copy, made one bit pattern per value so that equal keys group together:
+        np.copyto(v, np.nan, where=np.isnan(v))  # every NaN as np.nan (numpy's 0/0 has the sign bit set)
+        v += 0.0  # -0.0 as 0.0
         return v.view(np.uint64), valid
     return v.astype(np.int64).view(np.uint64), valid
 

@@ -29,7 +29,7 @@ class Operator:
 
     def __init__(self, query, inputs: list["Operator"], schema: Schema, name: str | None):
         self.query, self.inputs, self.schema = query, inputs, schema
-        self.name = query._register(self, name)
+        self.name = name  # None: the query gives it a fresh one when it takes it (Query._add)
 
     @property
     def time_field(self) -> str | None:
@@ -162,13 +162,13 @@ class LateRows(Operator):
 
     kind = "late"
 
-    def __init__(self, query, aggregate: Aggregate, name):
+    def __init__(self, query, aggregate: Aggregate, stream: str):
         if not isinstance(aggregate.window, TimeWindow):
             raise QueryError(f"aggregate(late=...): only a TimeWindow has late tuples, got {aggregate.window!r}")
         source = aggregate.inputs[0]
         self._time = source.time_field
-        self.stream = ""  # the output stream it feeds
-        super().__init__(query, [aggregate], source.schema, name)
+        self.stream = stream  # the output stream it feeds
+        super().__init__(query, [aggregate], source.schema, None)
         aggregate.late_output = self
 
     @property
@@ -351,7 +351,7 @@ class Stream:
     @checked()
     def filter(self, condition: Expr, name: str | None = None) -> "Stream":
         """Keep the tuples where ``condition`` is true (null counts as false)."""
-        return Stream(Filter(self.op.query, self.op, condition, name))
+        return self._then(Filter(self.op.query, self.op, condition, name))
 
     def map(self, fields: dict | None = None, /, name: str | None = None, **more) -> "Stream":
         """Project to exactly ``fields``: each a source field name or an expression; as keywords,
@@ -359,21 +359,25 @@ class Stream:
         clash = set(fields or {}) & set(more)
         if clash:
             raise QueryError(f"map() field {sorted(clash)[0]!r} is given twice, in the dict and as a keyword")
-        return Stream(Map(self.op.query, self.op, {**(fields or {}), **more}, name))
+        return self._then(Map(self.op.query, self.op, {**(fields or {}), **more}, name))
 
     @checked()
     def demux(self, *conditions: Expr, name: str | None = None) -> tuple["Stream", ...]:
         """One stream per condition; a tuple goes to every branch whose condition holds."""
         if not conditions:
             raise QueryError("demux() needs at least one condition")
-        base = name or self.op.query._fresh("demux")
-        return tuple(Stream(Filter(self.op.query, self.op, c, f"{base}[{i}]", label=f"demux[{i}]"))
-                     for i, c in enumerate(conditions))
+        query = self.op.query
+        branches = [Filter(query, self.op, c, None, label=f"demux[{i}]") for i, c in enumerate(conditions)]
+        base = name or query._fresh("demux")
+        for i, branch in enumerate(branches):
+            branch.name = f"{base}[{i}]"
+        query._add(*branches)
+        return tuple(Stream(b) for b in branches)
 
     @checked()
     def union(self, *others: "Stream", name: str | None = None) -> "Stream":
         """All tuples of this stream and ``others`` (same schema required)."""
-        return Stream(Union(self.op.query, [self.op] + [o.op for o in _streams(others, self)], name))
+        return self._then(Union(self.op.query, [self.op] + [o.op for o in _streams(others, self)], name))
 
     @checked()
     def apply(self, fn: Callable, schema=None, name: str | None = None) -> "Stream":
@@ -385,7 +389,7 @@ class Stream:
         them (``filter``/``take``/``append_column`` do), and so their output
         ids: a row returned more than once gets a new id for each repeat.
         """
-        return Stream(Apply(self.op.query, self.op, fn, schema, name))
+        return self._then(Apply(self.op.query, self.op, fn, schema, name))
 
     def aggregate(self, window, by=(), name: str | None = None, late: str | None = None,
                   **funcs: AggFunc) -> "Stream":
@@ -400,10 +404,10 @@ class Stream:
                 raise unknown("aggregate", key, AGGREGATE_ARGS)
         query = self.op.query
         agg = Aggregate(query, self.op, window, by, funcs, name)
-        if late is not None:
-            rows = LateRows(query, agg, None)
-            query.output(late, Stream(rows))
-            rows.stream = late
+        if late is None:
+            return self._then(agg)
+        rows = LateRows(query, agg, late)
+        query._add(agg, rows, outputs={late: rows})
         return Stream(agg)
 
     @checked()
@@ -411,12 +415,17 @@ class Stream:
              name: str | None = None) -> "Stream":
         """Windowed join: pairs sharing a window instance whose keys are equal and ``where`` holds."""
         (other,) = _streams([other], self)
-        return Stream(Join(self.op.query, self.op, other.op, window, on, where, name))
+        return self._then(Join(self.op.query, self.op, other.op, window, on, where, name))
 
     @checked()
     def stateful(self, op: StatefulOperator, by=(), name: str | None = None) -> "Stream":
         """A user's stateful operator, its state kept per bin of ``by``."""
-        return Stream(Custom(self.op.query, self.op, op, by, name))
+        return self._then(Custom(self.op.query, self.op, op, by, name))
+
+    def _then(self, op: Operator) -> "Stream":
+        """The stream of ``op`` (built and checked), taken into the query."""
+        self.op.query._add(op)
+        return Stream(op)
 
     def __repr__(self):
         return f"Stream({self.name!r}, {self.schema})"

@@ -46,34 +46,43 @@ class Query:
         if ahead is not None and ahead <= 0:
             raise QueryError(f"max_ahead of stream {name!r} must be positive, got {max_ahead!r}")
         src = Source(self, name, schema, time or schema.time_field(), ahead)
-        self.sources[name] = src
+        self._add(src)
         return Stream(src)
 
     @checked()
     def output(self, name: str, stream: Stream) -> None:
         """Publish ``stream`` as the output stream ``name`` (read with Engine.collect/subscribe)."""
-        name = _name("an output", name)
         if not isinstance(stream, Stream) or stream.op.query is not self:
             raise QueryError(f"output {name!r}: expected a stream of query {self.name!r}, got {stream!r}")
-        if name in self.outputs or name in self.sources:
-            raise QueryError(f"output name {name!r} is already used in query {self.name!r}")
-        op = stream.op
-        if isinstance(op, Source):  # a stream published as it comes in: through a pass-through operator
-            op = Union(self, [op], None)
-        self.outputs[name] = op
+        if isinstance(stream.op, Source):  # a stream published as it comes in: through a pass-through operator
+            op = Union(self, [stream.op], None)
+            self._add(op, outputs={name: op})
+        else:
+            self._add(outputs={name: stream.op})
 
     def explain(self) -> str:
         """The sub-queries, their operators and the balancer on each edge between them."""
         from sparkcep.query.planner import plan
         return plan(self).explain()
 
-    def _register(self, op: Operator, name: str | None) -> str:
-        name = name or self._fresh(op.kind)
-        if name in self._names:
-            raise QueryError(f"operator name {name!r} is used twice in query {self.name!r}")
-        self._names.add(name)
-        self.operators.append(op)
-        return name
+    def _add(self, *ops: Operator, outputs: dict[str, Operator] | None = None) -> None:
+        """Take ``ops`` (built and checked; named, or None for a fresh name) and ``outputs`` into the query:
+        the one place it grows, after every check, so a call that raises leaves it as it was."""
+        outputs = outputs or {}
+        for op in ops:
+            if op.name in self._names:
+                raise QueryError(f"operator name {op.name!r} is used twice in query {self.name!r}")
+        for name in outputs:
+            _name("an output", name)
+            if name in self.outputs or name in self.sources:
+                raise QueryError(f"output name {name!r} is already used in query {self.name!r}")
+        for op in ops:
+            op.name = op.name or self._fresh(op.kind)
+            self._names.add(op.name)
+            self.operators.append(op)
+            if isinstance(op, Source):
+                self.sources[op.name] = op
+        self.outputs.update(outputs)
 
     def _fresh(self, kind: str) -> str:
         while True:

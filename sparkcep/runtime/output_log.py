@@ -28,7 +28,7 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 
-from sparkcep.arguments import integer
+from sparkcep.arguments import checked, integer
 from sparkcep.core.columns import ID, SEQ
 from sparkcep.errors import EngineError
 
@@ -56,6 +56,9 @@ class Retention:
         if age is not None:
             object.__setattr__(self, "age_s", float(age))
 
+
+# the dataclass's own __init__, checked as every public constructor is: Retention(row=5) names 'rows'
+Retention.__init__ = checked(EngineError)(Retention.__init__)
 
 DEFAULT_RETENTION = Retention()
 

@@ -51,6 +51,15 @@ def test_engine_and_deploy_keywords():
         assert not engine.deployments  # nothing half-applied
 
 
+@pytest.mark.parametrize("given, meant", [("row", "rows"), ("age", "age_s"), ("byte", "bytes")])
+def test_a_misspelled_retention_keyword_is_refused_naming_the_closest_valid_one(given, meant):
+    """Retention(row=5) raised Python's TypeError, with no code and no suggestion."""
+    with pytest.raises(EngineError) as e:
+        cep.Retention(**{given: 5})
+    assert e.value.code == "UNKNOWN_ARGUMENT"
+    assert f"Retention() got an unknown argument {given!r} (did you mean {meant!r}?)" in str(e.value)
+
+
 def test_function_outputs_named_freely_stay_valid(s):
     """An output field named like no argument is still a function's output name."""
     out = s.aggregate(cep.TimeWindow("10s"), by="ip", total=cep.sum("v"), bytes=cep.count())

@@ -3,6 +3,7 @@
 import datetime as dt
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import sparkcep as cep
@@ -88,6 +89,36 @@ def test_datetime_literals_are_utc_microseconds():
     aware = dt.datetime(1970, 1, 1, 1, 0, 0, tzinfo=dt.timezone(dt.timedelta(hours=1)))
     assert lit(aware).value == 0
     assert repr(col("ts") >= dt.datetime(2024, 1, 1, 0, 0, 1, 500)) == "(col('ts') >= timestamp('2024-01-01 00:00:01.000500'))"
+
+
+T = pd.Timestamp("2024-01-01")
+
+
+@pytest.mark.parametrize("finer", [T + pd.Timedelta(500, "ns"), (T + pd.Timedelta(1, "ns")).tz_localize("UTC"),
+                                   np.datetime64("2024-01-01T00:00:00.000000500"),
+                                   np.datetime64("1970-01-01T00:00:00.000000000001", "ps")], ids=repr)
+def test_a_time_literal_finer_than_a_microsecond_is_refused(finer):
+    """col("ts") == T + 500ns was taken as col("ts") == T: the nanoseconds were truncated, and the row at T
+    compared equal where pandas says it does not."""
+    with pytest.raises(cep.QueryError, match=r"is finer than the microseconds the engine keeps; round it first") as e:
+        col("ts") == finer
+    assert repr(finer) in str(e.value)
+
+
+def test_time_literals_in_whole_microseconds_compare_as_pandas_does():
+    df = pd.DataFrame({"ts": [T, T + pd.Timedelta(1, "us"), T + pd.Timedelta(2, "us")], "v": [1, 2, 3]})
+    at = {"pd": T + pd.Timedelta(1000, "ns"), "np": np.datetime64("2024-01-01T00:00:00.000001000", "ns")}
+    q = cep.Query("q")
+    s = q.stream("ev", "ts timestamp, v int64")
+    q.output("o", s.map(v="v", **{f"{op}_{k}": f(col("ts"), t) for k, t in at.items()
+                                  for op, f in (("eq", lambda c, t: c == t), ("ge", lambda c, t: c >= t))}))
+    with cep.Engine.local(workers=0) as e:
+        e.deploy(q)
+        e.send("ev", df)
+        got = e.collect("o").to_pandas().sort_values("v")
+    for k, t in at.items():
+        assert got[f"eq_{k}"].tolist() == (df.ts == t).tolist() == [False, True, False]
+        assert got[f"ge_{k}"].tolist() == (df.ts >= t).tolist()
 
 
 def test_repr_is_readable():

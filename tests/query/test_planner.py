@@ -143,6 +143,46 @@ def test_duplicate_names_and_outputs():
         q.output("a", a)  # a stream's name
 
 
+ATOMIC = [  # (a call that raises, the corrected call)
+    ("aggregate late= an output's name",
+     lambda a, b: a.aggregate(cep.TimeWindow("1s"), by="k", n=cep.count(), late="o", name="agg"),
+     lambda a, b: a.aggregate(cep.TimeWindow("1s"), by="k", n=cep.count(), late="late_rows", name="agg")),
+    ("aggregate late= of a TupleWindow",
+     lambda a, b: a.aggregate(cep.TupleWindow(2), by="k", n=cep.count(), late="late_rows", name="agg"),
+     lambda a, b: a.aggregate(cep.TupleWindow(2), by="k", n=cep.count(), name="agg")),
+    ("aggregate late= no name",
+     lambda a, b: a.aggregate(cep.TimeWindow("1s"), by="k", n=cep.count(), late="", name="agg"),
+     lambda a, b: a.aggregate(cep.TimeWindow("1s"), by="k", n=cep.count(), late="late_rows", name="agg")),
+    ("demux", lambda a, b: a.demux(col("v") > 1, col("v"), name="d"),
+     lambda a, b: a.demux(col("v") > 1, col("v") > 5, name="d")),
+    ("demux unnamed", lambda a, b: a.demux(col("v") > 1, col("v")),
+     lambda a, b: a.demux(col("v") > 1, col("v") > 5)),
+    ("filter", lambda a, b: a.filter(col("v"), name="f"), lambda a, b: a.filter(col("v") > 1, name="f")),
+    ("map", lambda a, b: a.map(k="k", w=col("nope"), name="m"), lambda a, b: a.map(k="k", w=col("v"), name="m")),
+    ("join", lambda a, b: a.join(b, cep.TimeWindow("1s"), on="k", where=col("v_left"), name="j"),
+     lambda a, b: a.join(b, cep.TimeWindow("1s"), on="k", name="j")),
+    ("apply", lambda a, b: a.apply(None, name="ap"), lambda a, b: a.apply(lambda batch: batch, name="ap")),
+    ("output of a source", lambda a, b: a.op.query.output("o", a), lambda a, b: a.op.query.output("copy", a)),
+]
+
+
+@pytest.mark.parametrize("what, bad, good", ATOMIC, ids=[c[0] for c in ATOMIC])
+def test_a_call_that_raises_leaves_the_query_unchanged(what, bad, good):
+    """aggregate(..., late=...) and demux() left the operators they had made in the query: the corrected
+    call then failed "operator name 'agg' is used twice"."""
+    def built(mistake: bool):
+        q, a, b = streams()
+        q.output("o", a.filter(col("v") > 0))
+        if mistake:
+            with pytest.raises(cep.SparkcepError):
+                bad(a, b)
+        good(a, b)
+        q.output("last", a.filter(col("v") > 2))  # named as it would be without the mistake
+        return [op.name for op in q.operators], list(q.outputs), list(q.sources), q.explain()
+
+    assert built(mistake=True) == built(mistake=False)
+
+
 def test_a_source_published_as_an_output_passes_through_one_operator():
     q, a, _ = streams()
     q.output("copy", a)

@@ -78,6 +78,18 @@ def test_errors_name_the_problem():
         Schema({})
 
 
+@pytest.mark.parametrize("spelling", [
+    {"__seq": "int64", "ts": "timestamp"}, "__seq int64, ts timestamp",
+    pa.schema([("__seq", pa.int64()), ("ts", pa.timestamp("us"))]),
+    "a int64, a int32", pa.schema([("a", pa.int64()), ("a", pa.int32())]),
+], ids=["dict reserved", "DDL reserved", "pyarrow reserved", "DDL twice", "pyarrow twice"])
+def test_every_spelling_checks_its_names_alike(spelling):
+    """A pyarrow schema took a field given twice (the last type won) and the reserved '__seq' (a send then
+    raised KeyError), where the dict and DDL spellings refuse them."""
+    with pytest.raises(cep.SchemaError, match=r"field 'a' appears twice|invalid field name '__seq' .*reserved"):
+        Schema(spelling)
+
+
 def test_type_of_names_the_field_and_context():
     s = Schema("k string")
     with pytest.raises(cep.SchemaError, match=r"unknown field 'nope' in here; fields are \['k'\]"):

@@ -3,6 +3,7 @@
 import datetime as dt
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import sparkcep as cep
@@ -36,6 +37,19 @@ def test_a_duration_past_1000_years_is_refused_where_the_query_is_written(make):
     with pytest.raises(cep.QueryError, match=r"is longer than 365000d \(1,000 years\)"):
         make()
     assert cep.TimeWindow("365000d").size_us == 365_000 * 86_400_000_000
+
+
+@pytest.mark.parametrize("make", [lambda: cep.TimeWindow(pd.Timedelta(1500, "ns")),
+                                  lambda: cep.TimeWindow("1s", advance=np.timedelta64(1500, "ns")),
+                                  lambda: cep.TimeWindow("1s", lateness=pd.Timedelta(1, "ns")),
+                                  lambda: cep.Query("q").stream("s", "ts timestamp",
+                                                                max_ahead=np.timedelta64(1, "ns"))])
+def test_a_duration_finer_than_a_microsecond_is_refused(make):
+    """TimeWindow(pd.Timedelta(1500, "ns")) was a window of 1 us: the nanoseconds were truncated."""
+    with pytest.raises(cep.QueryError, match=r"is finer than the microseconds the engine keeps; round it first"):
+        make()
+    whole = (pd.Timedelta(1500, "us"), np.timedelta64(1500, "us"), np.timedelta64(1_500_000, "ns"))
+    assert [cep.TimeWindow(d).size_us for d in whole] == [1500, 1500, 1500]
 
 
 def test_time_window_defaults_to_tumbling():
