@@ -58,9 +58,13 @@ def private_dir(path: Path) -> Path:
     return path
 
 
-def write_private(path: Path, text: str) -> Path:
-    """Write ``text`` to ``path`` atomically, readable by its owner only (0600), in a 0700 directory."""
-    private_dir(path.parent)
+def write_private(path: Path, text: str, own_dir: bool = True) -> Path:
+    """Write ``text`` to ``path`` atomically, readable by its owner only (0600). ``own_dir``: the directory
+    is the engine's own, made 0700; otherwise one that exists (a user's, ``/tmp``) is left as it is."""
+    if own_dir:
+        private_dir(path.parent)
+    else:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
@@ -73,9 +77,9 @@ def write_private(path: Path, text: str) -> Path:
     return path
 
 
-def write(path: Path, token: str) -> Path:
-    """Store ``token`` in ``path`` (mode 0600)."""
-    return write_private(path, token + "\n")
+def write(path: Path, token: str, own_dir: bool = True) -> Path:
+    """Store ``token`` in ``path`` (mode 0600; ``own_dir`` as :func:`write_private`)."""
+    return write_private(path, token + "\n", own_dir)
 
 
 def read(path: str | os.PathLike) -> str:

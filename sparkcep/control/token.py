@@ -1,4 +1,5 @@
-"""``sparkcep token FILE``: write a new cluster token to ``FILE`` (mode 0600, its directory 0700).
+"""``sparkcep token FILE``: write a new cluster token to ``FILE`` (mode 0600; a missing directory
+is made 0700, an existing one keeps its mode).
 
 Every process of a cluster — orchestrators, workers, the engine host,
 clients and Spark — is given the same file with ``--token-file``: each
@@ -24,6 +25,6 @@ def run(args) -> int:
     if path.exists() and not args.force:
         print(f"sparkcep token: {path} exists; keep it, or replace it with --force")
         return 1
-    auth.write(path.resolve(), auth.generate())
+    auth.write(path.resolve(), auth.generate(), own_dir=False)
     print(f"wrote a new cluster token to {path} (mode 0600)")
     return 0
