@@ -33,7 +33,7 @@ from sparkcep.query.query import Query
 from sparkcep.runtime import capacity
 from sparkcep.runtime.deployment import Deployment
 from sparkcep.runtime.handoff import ENGINE_HOST, Board, Handoffs
-from sparkcep.runtime.metrics import MetricServer, add_rates, deployment_metrics, late_counts
+from sparkcep.runtime.metrics import MetricServer, add_rates, answered, deployment_metrics, late_counts
 from sparkcep.runtime.output_log import OutputLog, Retention, Subscription, outside_callbacks
 from sparkcep.runtime.send_ids import SendIds, check_retry, send_id_of
 from sparkcep.runtime.topology import Topology
@@ -520,6 +520,8 @@ class Engine:
         rates = self._metric_server.sample(counters)
         add_rates(queries, rates)
         for i, m in ims.items():
+            if not answered(m):  # its figures are unknown, not 0
+                continue
             m["cpu_percent"] = round(100 * rates.get(("im", i, "cpu_s"), 0.0), 1)
             m["bytes_in_rate"] = rates.get(("im", i, "bytes_in"), 0.0)
             m["bytes_out_rate"] = rates.get(("im", i, "bytes_out"), 0.0)

@@ -47,6 +47,7 @@ from sparkcep.control.connect import DataPath
 from sparkcep.control.registry import Registry, RegistryError, State, open_registry
 from sparkcep.errors import SparkcepError
 from sparkcep.gateway.client import EngineClient
+from sparkcep.runtime.cluster import METRICS_TIMEOUT_S
 
 log = logging.getLogger("sparkcep")
 REFRESH_S = 2.0  # how often the leader records placements and figures, and counts engine hosts
@@ -208,6 +209,23 @@ class Orchestrator:
             time.sleep(0.1)
         return others
 
+    def _end_data_path(self) -> None:
+        """Forget the data path the engine hosts held once all of them left (within :data:`LEAVE_S`): the
+        cluster was stopped, not lost, and an orchestrator started later founds a new one. Left as it is
+        while one stays, which may hold its journal."""
+        deadline = time.monotonic() + LEAVE_S
+        try:
+            while (left := self.registry.children(tree.HOSTS)) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if left:
+                log.warning("orchestrator %s: engine hosts %s did not stop: the data path stays recorded",
+                            self.name, ", ".join(left))
+                return
+            self.registry.delete(tree.DATAPATH)
+        except RegistryError as e:
+            if e.code != "NO_NODE":
+                log.warning("orchestrator %s: leaving: %s", self.name, e)
+
     def _reap(self) -> None:
         """Collect the exit of the engine hosts it started that ended (no zombie is left behind)."""
         for name, (_, process) in list(self._started.items()):
@@ -362,21 +380,24 @@ class Orchestrator:
         doc = self.registry.get(tree.ENGINE)
         if doc is None:
             return {}
-        with EngineClient(doc["address"], token=self.token, timeout=10) as c:
+        # the engine host waits up to METRICS_TIMEOUT_S for instance managers that do not answer, then
+        # names them: wait longer than that, or a stopped worker takes every other figure with it
+        with EngineClient(doc["address"], token=self.token, timeout=METRICS_TIMEOUT_S + 10) as c:
             return c.metrics()
 
     def close(self) -> None:
-        """Leave the cluster; the last orchestrator to leave stops the engine hosts (and their queries).
-        Bounded: with the registry unreachable, one that saw no other orchestrator last stops the engine
+        """Leave the cluster; the last orchestrator to leave stops the engine hosts (and their queries) and
+        forgets their data path, so that one started later founds a new one. Bounded: with the registry unreachable, one that saw no other orchestrator last stops the engine
         hosts it started (the others stop by themselves, :meth:`~sparkcep.control.datapath.roles.Roles.orphaned`)."""
         self.stopped.set()
         connected = self.registry.state is State.CONNECTED
-        hosts = []
+        hosts, last = [], False
         if connected:
             try:
                 self.lease.release()
                 self.presence.cancel()
-                if not self._others_staying():
+                last = not self._others_staying()
+                if last:
                     hosts = [d for n in self.registry.children(tree.HOSTS) if (d := self.registry.get(tree.host(n)))]
             except RegistryError as e:
                 log.warning("orchestrator %s: leaving: %s", self.name, e)
@@ -400,6 +421,8 @@ class Orchestrator:
             except Exception:
                 pass
         self._reap()
+        if last:
+            self._end_data_path()
         if self.metrics_address:
             self._metrics_server.shutdown()
         self.path.close()

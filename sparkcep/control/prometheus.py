@@ -18,7 +18,9 @@ end in ``_total``, rates are gauges ending in ``_per_second``, latency
 percentiles are gauges labelled ``quantile``. Labels: ``query``,
 ``subquery``, ``operator``, ``output``, ``stream``, ``instance_manager``
 (its name, e.g. ``im-0``), ``replica``. A figure absent from the dict (an
-operator that emits nothing, an instance manager that died) gives no sample.
+operator that emits nothing) gives no sample; an instance manager that died
+or did not answer in time gives ``sparkcep_instance_manager_up 0`` and its
+``info``, no other figure.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from prometheus_client.registry import Collector
 from sparkcep.arguments import host_port
 from sparkcep.errors import EngineError, SparkcepError
 from sparkcep.replication.replicas import CATCHING_UP, FAILED, RUNNING
+from sparkcep.runtime.metrics import answered
 
 log = logging.getLogger("sparkcep")
 
@@ -160,8 +163,8 @@ def _engine(out: _Families, m: dict) -> None:
                 {"stream": stream, "query": q, "operator": key[len(q) + 1:] if q else key}, n)
     for q, d in (m.get("queries") or {}).items():
         _query(out, q, d)
-    for key, im in (m.get("instance_managers") or {}).items():
-        _instance_manager(out, im.get("name", str(key)), im)
+    for name, im in _by_name(m.get("instance_managers") or {}).items():
+        _instance_manager(out, name, im)
     for q, mig in (m.get("migrations") or {}).items():
         _migrations(out, q, mig)
     _balancer(out, m.get("balancer"))
@@ -243,13 +246,27 @@ _IM = (  # (name, type, help, path in the instance manager's section, scale)
 )
 
 
+def _by_name(ims: dict) -> dict[str, dict]:
+    """The instance managers by name, one each: of several of a name (a worker restarted under its name),
+    the live one, else the last."""
+    out: dict[str, dict] = {}
+    for key, im in sorted(ims.items(), key=lambda kv: int(kv[0])):  # keys are str after JSON
+        name = im.get("name", str(key))
+        if im.get("alive") or not out.get(name, {}).get("alive"):
+            out[name] = im
+    return out
+
+
 def _instance_manager(out: _Families, name: str, im: dict) -> None:
     labels = {"instance_manager": name}
     out(GAUGE, "sparkcep_instance_manager_info", "Where an instance manager runs (value 1)",
         {**labels, "address": im.get("address", ""), "pid": im.get("pid", ""), "cpu": im.get("cpu", ""),
          "node": im.get("node", "")}, 1)
-    out(GAUGE, "sparkcep_instance_manager_up", "1 while the instance manager lives, 0 once it died", labels,
-        im.get("alive"))
+    up = bool(im.get("alive")) and answered(im)
+    out(GAUGE, "sparkcep_instance_manager_up", "1 while the instance manager lives and answers, 0 once it died or "
+        "when it did not answer the metrics request in time (then it gives no other figure)", labels, up)
+    if not up:
+        return
     for metric, kind, doc, path, scale in _IM:
         value = im
         for key in path:

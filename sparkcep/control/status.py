@@ -25,6 +25,7 @@ import time
 
 from sparkcep.arguments import bounded
 from sparkcep.errors import SparkcepError
+from sparkcep.runtime.metrics import answered
 
 
 def add_arguments(parser) -> None:
@@ -157,14 +158,17 @@ def render(hello: dict, m: dict) -> str:
     ims = m.get("instance_managers") or {}
     if ims:
         lines.append(f"instance managers ({len(ims)}):")
-        lines.append(f"  {'name':>12} {'address':>21} {'pid':>7} {'cpu':>4} {'node':>4} {'state':>6} {'cpu%':>6} "
+        lines.append(f"  {'name':>12} {'address':>21} {'pid':>7} {'cpu':>4} {'node':>4} {'state':>9} {'cpu%':>6} "
                      f"{'rss':>9} {'in/s':>9} {'out/s':>9} {'instances':>9}")
         for i, im in sorted(ims.items(), key=lambda kv: int(kv[0])):
-            state = "up" if im.get("alive") else "DEAD"
+            state = "DEAD" if not im.get("alive") else "up" if answered(im) else "no answer"
+            figures = (f"{im.get('cpu_percent', 0):>6} {_bytes(im.get('rss_bytes')):>9} "
+                       f"{_bytes(im.get('bytes_in_rate')) + '/s':>9} {_bytes(im.get('bytes_out_rate')) + '/s':>9} "
+                       f"{im.get('instances', ''):>9}")
+            if not answered(im):  # unknown, not 0
+                figures = f"{'?':>6} {'?':>9} {'?':>9} {'?':>9} {'?':>9}"
             lines.append(f"  {im.get('name', i):>12} {im.get('address', ''):>21} {im.get('pid', ''):>7} "
-                         f"{im.get('cpu', ''):>4} {im.get('node', ''):>4} {state:>6} {im.get('cpu_percent', 0):>6} "
-                         f"{_bytes(im.get('rss_bytes')):>9} {_bytes(im.get('bytes_in_rate')) + '/s':>9} "
-                         f"{_bytes(im.get('bytes_out_rate')) + '/s':>9} {im.get('instances', ''):>9}")
+                         f"{im.get('cpu', ''):>4} {im.get('node', ''):>4} {state:>9} {figures}")
             if im.get("error"):
                 lines.append(f"      {im['error']}")
     else:

@@ -38,7 +38,7 @@ from sparkcep.runtime.balancers import Router, bin_tables
 from sparkcep.runtime.channels import Configure, Consumer, Control, LocalChannel, Producer, Retire
 from sparkcep.runtime.handoff import ENGINE_HOST, Board, Handoffs
 from sparkcep.runtime.layout import ENGINE, Endpoint, Layout
-from sparkcep.runtime.metrics import EpochClock
+from sparkcep.runtime.metrics import Counters, EpochClock
 from sparkcep.runtime.output_log import OutputLog, SubscriberError
 from sparkcep.runtime.sink import Sink
 from sparkcep.runtime.wiring import host_runners, source_router
@@ -156,6 +156,7 @@ class Deployment:
         self._undo: dict[str, tuple[int, int]] = {}  # stream -> its (max_ts, rows) before the open epoch
         self.generations = 0
         self.retiring: list[Generation] = []  # generations handing over to the running one
+        self.retired: dict[str, Counters] = {}  # per sub-query: what its instances that retired counted
         self.sink = Sink(Layout(self.plan, self.parallelism), self.logs, self.clock)
         self.gen = self._generation(self.parallelism, None)
         self.gen.feeds = self.sink.add(self.gen.outputs, 0)
@@ -326,6 +327,7 @@ class Deployment:
                 for g in done:
                     self.retiring.remove(g)
             for g in done:
+                self._keep_counts(g)
                 self.drop(g)
             if not self.retiring:
                 return
@@ -334,6 +336,19 @@ class Deployment:
                 raise EngineError(f"query {self.query.name}: the previous generation of its instances did not "
                                   f"retire within {timeout:.0f} s", "RETIRE_TIMEOUT")
             time.sleep(0.005)
+
+    def _keep_counts(self, old: Generation) -> None:
+        """Add to :attr:`retired` the last counts of the instances of ``old``, now retired, that hand no
+        counters on: those a rescale in leaves out, and those moved to another process (their successor
+        counts from zero). One staying in its process gives its counters with itself (``adopt``)."""
+        for (sq, i), snapshot in self.last_counts(old).items():
+            if i < self.gen.layout.parallelism[sq] and self.gen.host_of((sq, i)) == old.host_of((sq, i)):
+                continue
+            self.retired.setdefault(sq, Counters()).absorb(Counters.of(snapshot))
+
+    def last_counts(self, gen: Generation) -> dict[Endpoint, dict]:
+        """The counters of ``gen``'s instances (:meth:`~sparkcep.runtime.metrics.Counters.snapshot` each)."""
+        return {r.endpoint: r.counters.snapshot() for r in gen.runners}
 
     def drop(self, gen: Generation) -> None:
         """Undeploy a generation that no longer runs the deployment."""

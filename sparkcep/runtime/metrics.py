@@ -141,6 +141,15 @@ class Counters:
         for name, hist in other.latency.items():
             self.latency.setdefault(name, Histogram()).merge(hist)
 
+    @classmethod
+    def of(cls, snapshot: dict) -> "Counters":
+        """The counters a :meth:`snapshot` holds."""
+        c = cls()
+        c.rows_in, c.batches_in, c.busy_ns = snapshot["rows_in"], snapshot["batches_in"], snapshot["busy_ns"]
+        c.epoch, c.rows_out = snapshot["epoch"], dict(snapshot["rows_out"])
+        c.latency = {name: Histogram(counts) for name, counts in snapshot["latency"].items()}
+        return c
+
     def snapshot(self) -> dict:
         return {"rows_in": self.rows_in, "batches_in": self.batches_in, "rows_out": dict(self.rows_out),
                 "busy_ns": self.busy_ns, "epoch": self.epoch,
@@ -219,7 +228,8 @@ def deployment_metrics(dep, instances: dict, counters: dict) -> dict:
     """The section of one query: totals, then per sub-query and per operator.
 
     ``instances``: per instance, the snapshot of its counters (:meth:`Counters.snapshot`
-    plus ``queue`` and ``late``); ``counters`` collects flat counters for rates.
+    plus ``queue`` and ``late``); ``counters`` collects flat counters for rates. What instances
+    that no longer run counted (``dep.retired``) stays in the row counts, busy time and latency.
     """
     q = dep.query.name
     rows_in = sum(s.rows for s in dep.sources.values())
@@ -228,10 +238,12 @@ def deployment_metrics(dep, instances: dict, counters: dict) -> dict:
     sqs, ops = {}, {}
     for sq in dep.plan.subqueries:
         mine = {ep: m for ep, m in instances.items() if ep[0] == sq.name}
-        s_in = sum(m["rows_in"] for m in mine.values())
+        retired = dep.retired.get(sq.name)
+        counted = [*mine.values(), *([retired.snapshot()] if retired else [])]
+        s_in = sum(m["rows_in"] for m in counted)
         outs: dict[str, int] = {}
         lat: dict[str, list] = {}
-        for m in mine.values():
+        for m in counted:
             for op, n in m["rows_out"].items():
                 outs[op] = outs.get(op, 0) + n
             for op, h in m["latency"].items():
@@ -244,7 +256,7 @@ def deployment_metrics(dep, instances: dict, counters: dict) -> dict:
                 queue[k] += m["queue"][k]
         sqs[sq.name] = {"operators": [op.name for op in sq.operators],
                         "instances": dep.parallelism[sq.name], "rows_in": s_in, "rows_out": s_out,
-                        "busy_s": sum(m["busy_ns"] for m in mine.values()) / 1e9,
+                        "busy_s": sum(m["busy_ns"] for m in counted) / 1e9,
                         "epoch": min((m["epoch"] for m in mine.values()), default=0),
                         "latency_ms": _pct([h for hs in lat.values() for h in hs]), "queue": queue,
                         "placement": dep.placement_lines().get(sq.name, [])}
@@ -277,3 +289,9 @@ def add_rates(sections: dict, rates: dict) -> None:
                 o["input_rate"] = rates.get((q, name, "op_in"), 0.0)
             if "rows_out" in o:
                 o["throughput"] = rates.get((q, name, "op_out"), 0.0)
+
+
+def answered(im: dict) -> bool:
+    """Did the instance manager of ``im`` (an entry of ``metrics()["instance_managers"]``) answer the
+    metrics request? Only then are its figures (CPU, memory, bytes, instances) known."""
+    return "cpu_s" in im

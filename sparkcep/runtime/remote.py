@@ -20,7 +20,7 @@ from sparkcep.errors import EngineError
 from sparkcep.query.query import Query
 from sparkcep.runtime import commands as cmd
 from sparkcep.runtime.channels import ChannelClosed
-from sparkcep.runtime.cluster import PEER_GRACE_S, Cluster
+from sparkcep.runtime.cluster import METRICS_TIMEOUT_S, PEER_GRACE_S, REPLY_TIMEOUT_S, Cluster
 from sparkcep.runtime.deployment import Deployment, Generation
 from sparkcep.runtime.layout import ENGINE, Endpoint, Layout
 from sparkcep.runtime.placement import place
@@ -219,11 +219,16 @@ class RemoteDeployment(Deployment):
 
     # --- state -------------------------------------------------------------------------
     def instance_metrics(self) -> dict[Endpoint, dict]:
-        out: dict[Endpoint, dict] = {}
-        snaps = self.cluster.request_all(self.gen.hosts, lambda i, number: cmd.Metrics(number))
-        for snap in snaps.values():
-            out.update(snap["deployments"].get(self.gen.wire, {}))
-        return out
+        return self._counts(self.gen, REPLY_TIMEOUT_S, partial=False)
+
+    def last_counts(self, gen: Generation) -> dict[Endpoint, dict]:
+        """The counters of ``gen``'s instances, from the instance managers that answer (a dead one's are lost
+        with it)."""
+        return self._counts(gen, METRICS_TIMEOUT_S, partial=True)
+
+    def _counts(self, gen: Generation, timeout: float, partial: bool) -> dict[Endpoint, dict]:
+        snaps = self.cluster.request_all(gen.hosts, lambda i, number: cmd.Metrics(number), timeout, partial)
+        return {ep: m for snap in snaps.values() for ep, m in snap["deployments"].get(gen.wire, {}).items()}
 
     def close(self) -> None:
         with self.cluster.lock:

@@ -5,7 +5,7 @@ is down.
 Two clusters on a ZooKeeper server of this test (each: three engine hosts, two workers, two
 orchestrators, o1 leading), started together; every process of the first is signalled at once (each
 kind gets SIGINT in one process and SIGTERM in another), then ZooKeeper is stopped and the second is
-signalled the same way. A third cluster, an orchestrator alone with the engine hosts it started, gets
+signalled the same way; an orchestrator started again on the first founds a new data path. A third cluster, an orchestrator alone with the engine hosts it started, gets
 SIGTERM with ZooKeeper down: it is the last orchestrator, so it stops them.
 """
 
@@ -96,6 +96,22 @@ class Cluster:
             if p.stdout is not None:
                 p.stdout.close()
         self.registry.close()
+
+
+def test_an_orchestrator_started_after_the_cluster_stopped_founds_a_new_data_path(clusters):
+    """The last orchestrator stopped the engine hosts and left their data path recorded: one started again
+    found it lost (no host held its journal) and the cluster answered ENGINE_NOT_FOUND for good."""
+    clusters.stopped(False)
+    cluster = clusters.clusters[False]
+    former = cluster.registry.get(tree.ENGINE) or {}
+    assert cluster.registry.get(tree.DATAPATH) is None
+    cluster.start("o4", "orchestrator")
+    try:
+        wait(lambda: (cluster.registry.get(tree.ENGINE) or {}).get("run") not in (None, former.get("run")),
+             "a new data path", 60)
+    finally:
+        code, took, tracebacks = cluster.stop({"o4": signal.SIGTERM})["o4"]
+    assert code == 0 and not tracebacks, (code, took, tracebacks)
 
 
 @pytest.mark.parametrize("zookeeper_down", [False, True], ids=["zookeeper-up", "zookeeper-down"])

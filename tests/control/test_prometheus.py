@@ -124,7 +124,10 @@ def expected(m: dict) -> dict:
         n, gc = im["name"], im.get("gc", {})
         put("sparkcep_instance_manager_info", 1, instance_manager=n, address=im["address"], pid=im["pid"],
             cpu=im["cpu"], node=im["node"])
-        put("sparkcep_instance_manager_up", im["alive"], instance_manager=n)
+        up = im["alive"] and "cpu_s" in im  # dead, or no answer: no figure
+        put("sparkcep_instance_manager_up", up, instance_manager=n)
+        if not up:
+            continue
         for name, value in {"cpu_percent": im.get("cpu_percent"), "cpu_seconds_total": im.get("cpu_s"),
                             "rss_bytes": im.get("rss_bytes"), "received_bytes_total": im.get("bytes_in"),
                             "sent_bytes_total": im.get("bytes_out"),
@@ -376,3 +379,45 @@ def test_a_migration_under_way_and_the_balancer():
                    ("sparkcep_balancer_busy_ratio", frozenset({("instance_manager", "im-0")})): 0.75,
                    ("sparkcep_balancer_deciding", frozenset()): 1.0,
                    ("sparkcep_balancer_decisions_total", frozenset({("query", "q"), ("action", "migrate")})): 2.0}
+
+
+def test_an_instance_manager_restarted_under_its_name_is_one_series(tmp_path):
+    """A worker killed and started again under its name, as a supervisor does: the engine keeps a record of
+    the dead one beside the live one, and each series appeared twice (up 0 and up 1), which Prometheus
+    refuses. The live one's series stand alone."""
+    import subprocess
+    import sys
+
+    from sparkcep.runtime.worker_start import Starting, wait_ready
+
+    def worker(token_file) -> tuple[subprocess.Popen, str]:
+        p = subprocess.Popen([sys.executable, "-m", "sparkcep", "worker", "--listen", "127.0.0.1:0", "--name", "w1",
+                              "--token-file", str(token_file)], stdout=subprocess.PIPE)
+        (info,) = wait_ready([Starting(p, "w1")])
+        return p, info["address"]
+
+    with cep.Engine.local() as engine:
+        token_file = auth.write(tmp_path / "token", engine.token)
+        first, address = worker(token_file)
+        engine.add_instance_manager(address)
+        first.kill()
+        first.wait(10)
+        first.stdout.close()
+        wait_for(lambda: not engine.instance_managers()[0]["alive"], "the killed worker not seen dead")
+        second, address = worker(token_file)
+        try:
+            engine.add_instance_manager(address)
+            assert [(im["name"], im["alive"]) for im in engine.instance_managers()] == [("w1", False), ("w1", True)]
+            server, where = serve(engine.metrics)
+            try:
+                got, _ = scrape(where)  # fails on a series given twice
+            finally:
+                server.shutdown()
+        finally:
+            second.terminate()
+            second.wait(10)
+            second.stdout.close()
+    assert value(got, "sparkcep_instance_manager_up", instance_manager="w1") == 1
+    assert value(got, "sparkcep_instance_manager_rss_bytes", instance_manager="w1") > 10 << 20
+    assert [dict(labels)["pid"] for name, labels in got if name == "sparkcep_instance_manager_info"] == \
+        [str(second.pid)]

@@ -228,3 +228,51 @@ def test_instance_managers_that_do_not_answer_cost_one_wait(monkeypatch):
                 os.kill(pid, signal.SIGCONT)
     assert 2.0 <= took < 3.5, took
     assert all(im["error"].startswith("no answer to the metrics request within 2 s") for im in ims.values())
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_counters_keep_what_retired_instances_counted(workers):
+    """A rescale in (3 -> 2) retires an instance: what it counted stays in its sub-query's and operator's
+    counters, which never go down (they lost it: SQ2 rows in 2,000 -> fewer)."""
+    with cep.Engine.local(workers=workers) as engine:
+        dep = engine.deploy(make(), parallelism=2, bins=16)
+        dep.rescale("per_k", 3)
+        send_all(engine, batches=4)
+        before = engine.metrics()["queries"]["mq"]
+        dep.rescale("per_k", 2)
+        after = engine.metrics()["queries"]["mq"]
+    sq2, was = after["subqueries"]["SQ2"], before["subqueries"]["SQ2"]
+    assert was["instances"] == 3 and sq2["instances"] == 2
+    assert sq2["rows_in"] == was["rows_in"] == after["operators"]["per_k"]["rows_in"] == 2000
+    assert sq2["rows_out"] == was["rows_out"] == after["operators"]["per_k"]["rows_out"] == 20
+    assert sq2["busy_s"] >= was["busy_s"] > 0 and sq2["latency_ms"] == was["latency_ms"]
+
+
+def test_an_instance_manager_that_does_not_answer_is_not_shown_up(monkeypatch):
+    """One SIGSTOPped: Prometheus' sparkcep_instance_manager_up is 0 for it, with no figure, and
+    ``sparkcep status`` says "no answer" with its figures unknown; both showed it up, at 0 % CPU and 0 B."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from sparkcep.control import prometheus, status
+
+    monkeypatch.setattr("sparkcep.runtime.cluster.METRICS_TIMEOUT_S", 1.0)
+    with cep.Engine.local(workers=2) as engine:
+        engine.deploy(make(), parallelism=2)
+        stopped, other = (im["name"] for im in engine.instance_managers())
+        os.kill(engine.instance_managers()[0]["pid"], signal.SIGSTOP)
+        try:
+            m = engine.metrics()
+        finally:
+            os.kill(engine.instance_managers()[0]["pid"], signal.SIGCONT)
+    samples = [s for f in text_string_to_metric_families(prometheus.exposition(lambda: m)) for s in f.samples
+               if s.name.startswith("sparkcep_instance_manager_")]
+    figures = {(s.name, s.labels["instance_manager"]): s.value for s in samples if not s.name.endswith("_info")}
+    assert figures["sparkcep_instance_manager_up", stopped] == 0
+    assert figures["sparkcep_instance_manager_up", other] == 1
+    assert [k for k in figures if k[1] == stopped] == [("sparkcep_instance_manager_up", stopped)]
+    assert figures["sparkcep_instance_manager_rss_bytes", other] > 10 << 20
+    text = status.render({}, m)
+    line = next(line for line in text.splitlines() if line.strip().startswith(f"{stopped} "))
+    assert line.split()[-6:] == ["answer", "?", "?", "?", "?", "?"] and " no answer " in line, text
+    assert "no answer to the metrics request within 1 s" in text
+    assert next(line for line in text.splitlines() if line.strip().startswith(f"{other} ")).split()[5] == "up"
