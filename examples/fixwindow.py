@@ -35,6 +35,17 @@ from sparkcep.bench.metrics import latencies, summarize
 from sparkcep.query.windows import duration_us
 
 
+def window(text: str) -> int:
+    """``--window`` in microseconds: a duration the engine reads (``10s``, ``100ms``), above zero."""
+    try:
+        us = duration_us(text, "window")
+    except cep.QueryError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if us <= 0:
+        raise argparse.ArgumentTypeError(f"must be above zero, got {text}")
+    return us
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="HiBench fixwindow on sparkcep")
     p.add_argument("--workers", type=bounded(int, 0), default=0, help="instance manager processes (0: run in this process)")
@@ -42,9 +53,8 @@ def main(argv=None) -> int:
     p.add_argument("--rate", type=bounded(float, 0), default=300_000, help="records/s (0: as fast as possible)")
     p.add_argument("--ips", type=bounded(int, 1, MAX_IPS), default=100_000, help="distinct source IPs")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--window", default="10s", help="window length (HiBench: 10s)")
+    p.add_argument("--window", type=window, default="10s", help="window length (HiBench: 10s)")
     a = p.parse_args(argv)
-    window_us = duration_us(a.window, "--window")
 
     try:
         engine = cep.Engine.local(workers=a.workers)
@@ -52,12 +62,12 @@ def main(argv=None) -> int:
         print(f"error: {e} [{e.code}]", file=sys.stderr)
         return 2
     with engine:
-        query = workloads.query("fixwindow", window_us=window_us)
+        query = workloads.query("fixwindow", window_us=a.window)
         suite.warm_up(engine, query, suite.warm_up_source("fixwindow", a.ips), a.workers)  # untimed
         engine.deploy(query, parallelism=workloads.parallelism("fixwindow", a.workers))
         gen = UserVisits(seed=a.seed, distinct_ips=a.ips)
-        print(f"fixwindow: {a.events:,} records of {gen.record_bytes} bytes, {a.ips:,} IPs, {a.window} windows, "
-              f"rate {'max' if not a.rate else f'{a.rate:,.0f}/s'}, workers={a.workers}")
+        print(f"fixwindow: {a.events:,} records of {gen.record_bytes} bytes, {a.ips:,} IPs, "
+              f"{a.window / 1e6:g} s windows, rate {'max' if not a.rate else f'{a.rate:,.0f}/s'}, workers={a.workers}")
         state = {"t": 0, "sent": 0, "rows": 0}
 
         def tick(run, sent):

@@ -22,8 +22,11 @@ possible ``--repeat`` times (throughput: the median) and once at
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
+import math
+import signal
 import sys
 import time
 from pathlib import Path
@@ -36,15 +39,33 @@ from sparkcep.runtime import capacity
 from sparkcep.runtime.topology import Topology
 
 GROUPS = {"all": suite.ALL, "hibench": suite.HIBENCH, "nexmark": suite.NEXMARK}
+# a run keeps what latency is computed from: per event, the output columns kept (HiBench identity and
+# wordcount: a row per event), then the samples; NEXMark renders every event up front. At the peak that
+# is 50-140 bytes an event (q5 the most), so a run of the most stays within about 3 GB
+MAX_EVENTS = 20_000_000
+
+
+def rate(text: str) -> float:
+    """``--rate``: 0 (as fast as possible) or 1 event/s or more: a lower one sends no event in a run of
+    the default length, and --events over as long as it likes."""
+    value = bounded(float, 0)(text)
+    if 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be 0 (as fast as possible) or 1 or more, got {text}")
+    return value
+
+
+def rate_events(rate: float) -> int:
+    """The events of a run at ``rate`` without --events: LATENCY_SECONDS worth, up to MAX_EVENTS."""
+    return min(int(rate * suite.LATENCY_SECONDS), MAX_EVENTS)
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("workload", choices=list(suite.ALL) + list(GROUPS))
-    parser.add_argument("--rate", type=bounded(float, 0), default=None,
+    parser.add_argument("--rate", type=rate, default=None,
                         help="events/s, open loop (default, or 0: as fast as possible)")
-    parser.add_argument("--events", type=bounded(int, 1), default=None,
+    parser.add_argument("--events", type=bounded(int, 1, MAX_EVENTS), default=None,
                         help=f"events to send (default {suite.DEFAULT_EVENTS:,}; "
-                             f"with --rate, {suite.LATENCY_SECONDS} s worth)")
+                             f"with --rate, {suite.LATENCY_SECONDS} s worth up to {MAX_EVENTS:,})")
     parser.add_argument("--workers", type=bounded(int, 0), default=0,
                         help="instance manager processes (0: in this process)")
     parser.add_argument("--instances", type=bounded(int, 1), default=2,
@@ -67,9 +88,9 @@ def plans(args) -> list[tuple[str, float | None, int, bool]]:
     for w in names:
         if args.report is not None:
             out += [(w, None, args.events or suite.DEFAULT_EVENTS, False)] * args.repeat
-            out.append((w, args.latency_rate, int(args.latency_rate * suite.LATENCY_SECONDS), True))
+            out.append((w, args.latency_rate, rate_events(args.latency_rate), True))
         else:
-            events = args.events or (int(args.rate * suite.LATENCY_SECONDS) if args.rate else suite.DEFAULT_EVENTS)
+            events = args.events or (rate_events(args.rate) if args.rate else suite.DEFAULT_EVENTS)
             out.append((w, args.rate, events, bool(args.rate)))
     return out
 
@@ -86,8 +107,26 @@ def workers_refused(workers: int) -> bool:
 
 
 def run(args) -> int:
+    """Body of ``sparkcep bench``. An engine's error ends it in one line (exit 1), Ctrl-C quietly (130);
+    SIGTERM stops it as Ctrl-C does, the instance managers it started with it (exit 143)."""
     if args.workers and workers_refused(args.workers):
         return 2
+    signal.signal(signal.SIGTERM, _terminated)
+    try:
+        return run_all(args)
+    except KeyboardInterrupt:
+        return 130
+    except SparkcepError as e:
+        print(f"sparkcep bench: {e} [{e.code}]", file=sys.stderr)
+        return 1
+
+
+def _terminated(signum, frame):
+    raise SystemExit(128 + signum)  # unwinds like Ctrl-C: each engine stops its instance managers on the way
+
+
+def run_all(args) -> int:
+    """Run every workload ``args`` asks for, print and write the results."""
     from rich.console import Console
     console = Console(stderr=True)
     todo = plans(args)
@@ -260,13 +299,18 @@ def write_outputs(out: Path, results: list[dict]) -> None:
             row.update({f"{k}_ms": v for k, v in r["latency_ms"].items()})
             row.update({f"close_{k}_ms": v for k, v in (r.get("close_latency_ms") or {}).items()})
             w.writerow(row)
-    (out / "results.json").write_text(json.dumps(results, indent=1, default=_nan_none))
+    (out / "results.json").write_text(json.dumps(_finite(results), indent=1, allow_nan=False))
     for wl in dict.fromkeys(r["workload"] for r in results):
         plot(out / f"{wl}.png", [r for r in results if r["workload"] == wl])
 
 
-def _nan_none(x):
-    return None
+def _finite(x):
+    """``x`` (results: dicts, lists, numbers) with None for NaN and the infinities, which JSON lacks."""
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_finite(v) for v in x]
+    return None if isinstance(x, float) and not math.isfinite(x) else x
 
 
 def plot(path: Path, runs: list[dict]) -> None:

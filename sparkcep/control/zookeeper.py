@@ -214,7 +214,8 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {sig: signal.signal(sig, lambda *_: stop.set())  # SIGHUP: its terminal closed
+                for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     server = ZooKeeperServer(args.port, args.data_dir, args.tick_ms)
     try:
         server.start()

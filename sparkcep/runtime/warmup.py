@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import datetime as dt
 import multiprocessing
+import os
+import signal
 import sys
 import threading
 import time
@@ -115,6 +117,10 @@ def heartbeat(say):
 
     Yields ``progress(step, steps)`` to hand to :func:`warm_up`. The thread keeps ticking while
     numba compiles (LLVM runs without the GIL), so silence means the process is frozen.
+
+    Entered in the main thread of a starting worker: SIGTERM or SIGINT, when the caller handles it,
+    reaches the caller's handler and then ends the process (exit 128 + the signal's number) at
+    once, instead of after a warm-up of minutes.
     """
     start, state, stop = time.monotonic(), {"step": "", "new": True}, threading.Event()
     lock = threading.Lock()
@@ -133,11 +139,27 @@ def heartbeat(say):
                 say(line())
     thread = threading.Thread(target=tick, name="sparkcep-heartbeat", daemon=True)
     thread.start()
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
+        for sig, handler in handlers.items():
+            if callable(handler):
+                signal.signal(sig, _then_exit(handler))
         yield progress
     finally:
         stop.set()
         thread.join()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+
+
+def _then_exit(handler):
+    """A signal handler calling ``handler``, then ending the process as the signal asks: with
+    ``os._exit``, as an exception raised while numba compiles may be lost in LLVM's callbacks. A
+    warming-up worker holds nothing the end of its process does not release."""
+    def stop(signum, frame):
+        handler(signum, frame)
+        os._exit(128 + signum)
+    return stop
 
 
 def add_arguments(parser) -> None:

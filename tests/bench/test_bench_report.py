@@ -91,8 +91,8 @@ def test_plans_of_a_report():
 
 
 @pytest.mark.parametrize("argv, says", [
-    (["--events", "0"], "argument --events: must be 1 or more, got 0"),  # ran the default 2,000,000
-    (["--events", "-5"], "argument --events: must be 1 or more, got -5"),  # ran nothing, printed nan
+    (["--events", "0"], "argument --events: must be from 1 to 20,000,000, got 0"),  # ran the default 2,000,000
+    (["--events", "-5"], "argument --events: must be from 1 to 20,000,000, got -5"),  # ran nothing, printed nan
     (["--ips", "0"], "argument --ips: must be from 1 to 4,194,304, got 0"),  # a traceback
     (["--ips", "10000000000000"], "argument --ips: must be from 1 to 4,194,304"),  # tried to allocate 36 TiB
     (["--rate", "nan"], "argument --rate: must be 0 or more, got nan"),

@@ -20,9 +20,13 @@ def test_the_fixwindow_example_runs_on_two_workers():
 
 
 def test_the_main_job_refuses_a_count_it_cannot_run_naming_it():
-    """``--events 0`` ended in a TypeError traceback, ``--ips 0`` in a ValueError one."""
+    """``--events 0`` ended in a TypeError traceback, ``--ips 0`` in a ValueError one, ``--window 0s`` and
+    ``--window abc`` in a QueryError one."""
     for argv, says in [(["--events", "0"], "argument --events: must be 1 or more, got 0"),
-                       (["--ips", "0"], "argument --ips: must be from 1 to 4,194,304, got 0")]:
+                       (["--ips", "0"], "argument --ips: must be from 1 to 4,194,304, got 0"),
+                       (["--window", "0s"], "argument --window: must be above zero, got 0s"),
+                       (["--window", "abc"], "argument --window: cannot read window 'abc'; write e.g. '10s', "
+                                             "'500ms', '5m' or a timedelta")]:
         out = subprocess.run([sys.executable, str(ROOT / "examples" / "fixwindow.py"), *argv],
                              capture_output=True, text=True, timeout=120, cwd=ROOT)
         assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr

@@ -1,6 +1,7 @@
 """Starting workers: one still compiling kernels is waited for, one stuck or dead is named within seconds."""
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -34,6 +35,37 @@ def test_a_worker_compiling_kernels_says_so_every_second(tmp_path):
                 lines.append(s.doing)
         assert s.info is None, "the cold warm-up ended early: the cache was not cold"
         assert len(lines) >= 5 and all(line.startswith("warming up kernels") for line in lines), lines
+    finally:
+        p.kill()
+        p.wait()
+
+
+def ctrl_c_delivered() -> None:
+    """In the child, before exec: SIGINT as in a terminal's foreground process (a test run in the background
+    has it ignored, and an ignored SIGINT is inherited)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_a_worker_compiling_kernels_stops_within_seconds_of_sigterm_or_ctrl_c(tmp_path, sig):
+    """The signal was only noted until the warm-up ended, a minute or more later (README: a worker told to
+    stop stops within seconds)."""
+    token = auth.write(tmp_path / "token", auth.generate())
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cold-cache"))
+    p = subprocess.Popen([sys.executable, "-m", "sparkcep", "worker", "--token-file", str(token)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, preexec_fn=ctrl_c_delivered)
+    try:
+        s = Starting(p, "im-cold")
+        deadline = time.monotonic() + 60
+        while not s.doing.startswith("warming up kernels step 1/") and time.monotonic() < deadline:
+            worker_start._hear(s)
+        time.sleep(3)  # into numba's compiling
+        assert s.info is None and s.doing.startswith("warming up kernels"), s.doing
+        p.send_signal(sig)
+        t0 = time.monotonic()
+        code = p.wait(30)
+        took, err = time.monotonic() - t0, p.stderr.read().decode()
+        assert code == 128 + sig and took < 5 and "Traceback" not in err, (code, took, err)
     finally:
         p.kill()
         p.wait()
