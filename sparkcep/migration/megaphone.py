@@ -26,8 +26,8 @@ def ticket(dep, operator: str, src: int, dst: int) -> str:
     return f"{dep.id}/{next(_tickets)}/{operator}:{src}>{dst}"
 
 
-def step_records(dep, operator: str, owners: list[int], moves: list[Move]):
-    """The records of one step of ``dep`` (a replica) leaving bin table ``owners``, and their tickets."""
+def step_records(dep, operator: str, moves: list[Move]):
+    """The records of one step of ``dep`` (a replica) making ``moves``, and their tickets."""
     sq = dep.plan.sq_of[operator].name
     groups: dict[tuple[int, int], list[int]] = {}
     for b, src, dst in moves:
@@ -37,7 +37,8 @@ def step_records(dep, operator: str, owners: list[int], moves: list[Move]):
         t = ticket(dep, operator, src, dst)
         exports.append([src, t, dep.host_of((sq, dst)), "take", bins])
         imports.append([dst, t])
-    records = [Export(0, 0, operator, exports), Configure(0, 0, operator, owners), Import(0, 0, operator, imports)]
+    configure = Configure(0, 0, operator, [b for b, _, _ in moves], [dst for _, _, dst in moves])
+    records = [Export(0, 0, operator, exports), configure, Import(0, 0, operator, imports)]
     return records, [t for _, t in imports]
 
 
@@ -47,14 +48,11 @@ def migrate_bins(replicas, lock, operator: str, steps: list[list[Move]], watch, 
     ``each(replicas, act)`` runs ``act`` on each replica and returns those it ran on: a replica it
     leaves out (one that failed) takes no further step.
     """
-    owners = replicas[0].bin_owners(operator)
     for k, step in enumerate(steps):
-        for b, _, dst in step:
-            owners[b] = dst
         tickets = {}
 
         def send(dep):
-            records, tickets[dep] = step_records(dep, operator, list(owners), step)
+            records, tickets[dep] = step_records(dep, operator, step)
             dep.control(*records)
         with lock:  # between two epochs: the same epoch in every replica
             replicas = each(replicas, send)

@@ -141,7 +141,7 @@ class Router:
     def control(self, record: Control) -> None:
         """Apply a control record to this router (a Configure of one of its tables), then pass it on."""
         if isinstance(record, Configure) and record.operator in self.tables:
-            self.tables[record.operator].set(record.owners)
+            self.tables[record.operator].assign(record.bins, record.owners)
         for c in self.channels:
             c.send_control(record)
 

@@ -37,9 +37,16 @@ class BinTable:
         """The owning instance of each bin in ``bin_ids``."""
         return self.owners[bin_ids]
 
-    def set(self, owners) -> None:
-        """Take a new table (from a Configure record)."""
-        self.owners = BinTable(self.operator, self.bins, self.instances, owners).owners
+    def assign(self, bins, owners) -> None:
+        """Bin ``bins[i]`` to instance ``owners[i]`` (a Configure record's change), the others as they are."""
+        bins, owners = np.asarray(bins, np.int64), np.asarray(owners, np.int64)
+        if bins.shape != owners.shape or ((bins < 0) | (bins >= self.bins)).any() \
+                or ((owners < 0) | (owners >= self.instances)).any():
+            raise QueryError(f"bin table of {self.operator!r}: expected bins in [0, {self.bins}) and owners in "
+                             f"[0, {self.instances}), got {bins.tolist()[:8]}... -> {owners.tolist()[:8]}...")
+        table = self.owners.copy()  # a new array: a table handed out before stays as it was
+        table[bins] = owners
+        self.owners = table
 
     def copy(self) -> "BinTable":
         return BinTable(self.operator, self.bins, self.instances, self.owners.copy())

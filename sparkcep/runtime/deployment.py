@@ -243,7 +243,7 @@ class Deployment:
             self.check()
             for record in records:
                 if isinstance(record, Configure):
-                    self._table(record.operator).set(record.owners)
+                    self._table(record.operator).assign(record.bins, record.owners)
                 self._stamp(record)
                 self.gen.source_router.control(record)
             self._run()
@@ -255,8 +255,8 @@ class Deployment:
         must move with it (:mod:`sparkcep.migration` sends the records that
         move it), or be empty.
         """
-        self._table(operator)
-        self.control(Configure(0, 0, operator, [int(o) for o in owners]))
+        table = self._table(operator)
+        self.control(Configure(0, 0, operator, list(range(table.bins)), [int(o) for o in owners]))
 
     def _stamp(self, record: Control) -> None:
         self.controls += 1

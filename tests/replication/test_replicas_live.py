@@ -162,13 +162,13 @@ def test_a_rescale_goes_on_when_a_replica_loses_an_instance_manager_during_it(mo
         steps = []
         step_records = megaphone.step_records
 
-        def killing(rep, operator, owners, moves):
+        def killing(rep, operator, moves):
             steps.append(rep.replica)
             if rep.replica == 0 and steps.count(0) == 2:  # replica 0's second step: its instance manager dies first
                 os.kill(victim["pid"], signal.SIGKILL)
                 # the engine noticed: its next step finds the replica failed
                 wait(lambda: rep.error is not None, "the replica to be failed", LIMIT_S, every=0.005)
-            return step_records(rep, operator, owners, moves)
+            return step_records(rep, operator, moves)
         monkeypatch.setattr(megaphone, "step_records", killing)
         report = dep.rescale("agg", instances=3, batch=2)
         assert report["bins"] == 5 and steps == [0, 1, 0, 1, 1], (report, steps)  # 3 steps of 2 bins

@@ -196,7 +196,7 @@ def test_any_sequence_arrives_in_order_and_equal(channel, ops):
                 aborted.add(epoch)
                 epoch += 1
             elif op[0] == "control":
-                w.send_control(Configure(epoch, len(sent), "agg", [len(sent) % 3, 1]))
+                w.send_control(Configure(epoch, len(sent), "agg", [0, 1], [len(sent) % 3, 1]))
                 sent.append(("control", len(sent)))
             elif op[0] == "flush":
                 w.flush()
@@ -226,7 +226,7 @@ def test_any_sequence_arrives_in_order_and_equal(channel, ops):
         elif isinstance(m, Abort):
             events.append(("abort", m.epoch))
         else:
-            assert isinstance(m, Configure) and m.owners == [m.number % 3, 1] and m.operator == "agg"
+            assert isinstance(m, Configure) and m.bins == [0, 1] and m.owners == [m.number % 3, 1] and m.operator == "agg"
             events.append(("control", m.number))
     expected = [s[:4] for s in sent]
     assert [e for e in events if e[0] != "data"] == [e for e in expected if e[0] != "data"]
@@ -505,7 +505,7 @@ def test_progress_abort_and_control_fit_when_data_filled_the_channel(channel, ca
             assert w.backlog_bytes == 0
         for epoch in range(3, 13):  # more than what is left beside the last 1-row batch
             w.send_progress(epoch, epoch, 0, 0)
-        w.send_control(Configure(13, 1, "agg", [0]))
+        w.send_control(Configure(13, 1, "agg", [0], [0]))
         assert w.backlog_bytes == 0 and w.flush()
         got = [type(m).__name__ for m in pump(w, r, lambda got: bool(got) and isinstance(got[-1], Configure))]
     finally:

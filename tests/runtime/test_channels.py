@@ -283,7 +283,7 @@ def test_a_service_creates_its_ends_before_the_peers_connect(service):
     ends = {"out": TcpProducer("out", capacity=1 << 16), "in": TcpConsumer("in")}
     b = pa.record_batch({"v": np.arange(50_000)})  # more than the capacity: it waits for the peer
     ends["out"].send_data(0, (1, 1, 0), b)
-    ends["out"].send_control(Configure(2, 1, "agg", [1, 0]))
+    ends["out"].send_control(Configure(2, 1, "agg", [0, 1], [1, 0]))
     assert not ends["out"].flush() and ends["out"].backlog_bytes > 0
     assert ends["in"].receive() is None and not ends["in"].ready()
     assert ends["in"].fileno() is None  # nothing to wait on before the peer connects

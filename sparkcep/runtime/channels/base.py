@@ -91,9 +91,12 @@ class Control:
 
 @dataclass
 class Configure(Control):
-    """From ``epoch`` on, bin ``b`` of stateful operator ``operator`` belongs to instance ``owners[b]``."""
+    """From ``epoch`` on, bin ``bins[i]`` of stateful operator ``operator`` belongs to instance ``owners[i]``;
+    the other bins keep theirs. Only the bins that change travel: a step of a migration over 65,536 bins
+    moves a few of them, and carrying the whole table made every step cost as much as the table."""
 
     operator: str
+    bins: list[int] = field(default_factory=list)
     owners: list[int] = field(default_factory=list)
 
 
