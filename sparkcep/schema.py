@@ -42,6 +42,8 @@ def type_name(arrow_type: pa.DataType) -> str:
 
 
 def arrow_type(name: str) -> pa.DataType:
+    if not isinstance(name, str):
+        raise SchemaError(f"unknown type {name!r}; supported: {', '.join(TYPES)} (or a pyarrow type)")
     key = ALIASES.get(name.strip().lower(), name.strip().lower())
     if key not in TYPES:
         raise SchemaError(f"unknown type {name!r}; supported: {', '.join(TYPES)}")

@@ -24,15 +24,23 @@ def duration_us(value, what: str = "duration") -> int:
     if isinstance(value, dt.timedelta):
         us = value // dt.timedelta(microseconds=1)
     elif isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        us = int(round(value * 1_000_000))
+        us = _whole_us(value * 1_000_000, value, what)
     elif isinstance(value, str) and (m := _DURATION.match(value)):
-        us = int(round(float(m.group(1)) * _UNITS_US[m.group(2)]))
+        us = _whole_us(float(m.group(1)) * _UNITS_US[m.group(2)], value, what)
     else:
         raise QueryError(f"cannot read {what} {value!r}; write e.g. '10s', '500ms', '5m' or a timedelta")
     if abs(us) > MAX_DURATION_US:
         raise QueryError(f"{what} {value!r} is longer than {_show(MAX_DURATION_US)} (1,000 years), the longest "
                          "duration an event time can carry")
     return us
+
+
+def _whole_us(us: float, value, what: str) -> int:
+    """``us`` as an int, unless ``value`` is finer than a microsecond (a float's rounding aside)."""
+    if abs(us - round(us)) > 1e-3:
+        raise QueryError(f"{what} {value!r} is finer than the microseconds the engine keeps; round it to whole "
+                         "microseconds")
+    return int(round(us))
 
 
 def _show(us: int) -> str:

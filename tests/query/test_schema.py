@@ -90,6 +90,12 @@ def test_every_spelling_checks_its_names_alike(spelling):
         Schema(spelling)
 
 
+def test_a_type_that_is_no_name_is_a_schema_error():
+    """Schema({"a": 5}) raised AttributeError ('int' object has no attribute 'strip')."""
+    with pytest.raises(cep.SchemaError, match=r"unknown type 5; supported: string, int64"):
+        Schema({"a": 5})
+
+
 def test_type_of_names_the_field_and_context():
     s = Schema("k string")
     with pytest.raises(cep.SchemaError, match=r"unknown field 'nope' in here; fields are \['k'\]"):

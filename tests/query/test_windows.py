@@ -52,6 +52,15 @@ def test_a_duration_finer_than_a_microsecond_is_refused(make):
     assert [cep.TimeWindow(d).size_us for d in whole] == [1500, 1500, 1500]
 
 
+@pytest.mark.parametrize("size", ["1.5us", "0.0015ms", 1.5e-6, 1 / 3])
+def test_a_duration_written_finer_than_a_microsecond_is_refused(size):
+    """'1.5us' was a window of 2 us and 1/3 s one of 333,333 us: rounded without a word."""
+    with pytest.raises(cep.QueryError, match=r"is finer than the microseconds the engine keeps"):
+        cep.TimeWindow(size)
+    assert [cep.TimeWindow(d).size_us for d in ("2.5ms", 0.1, 0.3, "0.7s", 1e-6)] == [2500, 100_000, 300_000,
+                                                                                    700_000, 1]
+
+
 def test_time_window_defaults_to_tumbling():
     w = cep.TimeWindow("10s")
     assert (w.size_us, w.advance_us, w.lateness_us) == (10_000_000, 10_000_000, 0)
