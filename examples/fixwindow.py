@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 
 from sparkcep.arguments import bounded
 from sparkcep.bench import suite, workloads
+from sparkcep.bench.cli import MAX_EVENTS, rate
 from sparkcep.bench.driver import drive
 from sparkcep.bench.generator import MAX_IPS, UserVisits
 from sparkcep.bench.metrics import latencies, summarize
@@ -49,8 +50,8 @@ def window(text: str) -> int:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="HiBench fixwindow on sparkcep")
     p.add_argument("--workers", type=bounded(int, 0), default=0, help="instance manager processes (0: run in this process)")
-    p.add_argument("--events", type=bounded(int, 1), default=3_000_000, help="records to send")
-    p.add_argument("--rate", type=bounded(float, 0), default=300_000, help="records/s (0: as fast as possible)")
+    p.add_argument("--events", type=bounded(int, 1, MAX_EVENTS), default=3_000_000, help="records to send")
+    p.add_argument("--rate", type=rate, default=300_000, help="records/s (0: as fast as possible)")
     p.add_argument("--ips", type=bounded(int, 1, MAX_IPS), default=100_000, help="distinct source IPs")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--window", type=window, default="10s", help="window length (HiBench: 10s)")

@@ -21,8 +21,11 @@ def test_the_fixwindow_example_runs_on_two_workers():
 
 def test_the_main_job_refuses_a_count_it_cannot_run_naming_it():
     """``--events 0`` ended in a TypeError traceback, ``--ips 0`` in a ValueError one, ``--window 0s`` and
-    ``--window abc`` in a QueryError one."""
-    for argv, says in [(["--events", "0"], "argument --events: must be 1 or more, got 0"),
+    ``--window abc`` in a QueryError one; ``--events 1e12`` ran until memory ran out, ``--rate 0.01`` sent
+    one record a hundred seconds."""
+    for argv, says in [(["--events", "0"], "argument --events: must be from 1 to 20,000,000, got 0"),
+                       (["--events", "1e12"], "argument --events: must be from 1 to 20,000,000, got 1e12"),
+                       (["--rate", "0.01"], "argument --rate: must be 0 (as fast as possible) or 1 or more, got 0.01"),
                        (["--ips", "0"], "argument --ips: must be from 1 to 4,194,304, got 0"),
                        (["--window", "0s"], "argument --window: must be above zero, got 0s"),
                        (["--window", "abc"], "argument --window: cannot read window 'abc'; write e.g. '10s', "
