@@ -401,7 +401,8 @@ class Engine:
         (a full ring that does not drain, a dead worker, an interrupt) aborts
         the epoch in every deployment and the sequence numbers stay free.
         Then the epoch is closed everywhere; an operator failing on it fails
-        its deployment, whose outputs never show the epoch.
+        its deployment, whose outputs never show the epoch, and the error
+        names the deployments that took it.
         """
         n = sum(b.num_rows for b in batches)
         if times is None:
@@ -438,6 +439,10 @@ class Engine:
             except EngineError as e:
                 failed = failed or e
         if failed is not None:
+            took = [dep.query.name for dep in deps if dep.error is None]
+            if took:  # the others hold the send now: sent again, it would be there twice
+                raise type(failed)(f"{failed}; queries {took} reading stream {stream!r} took this send: do not "
+                                   "send it again", failed.code) from failed
             raise failed
         return n
 

@@ -82,6 +82,21 @@ def test_an_operator_failing_mid_batch_fails_its_deployment_and_shows_nothing_of
         assert again.value.code == "OPERATOR_FAILED"
 
 
+def test_a_send_that_fails_one_query_names_the_queries_that_took_it():
+    """In process, the send raised the failing query's error alone while another query reading the stream
+    had taken it: a retry put its rows there twice."""
+    with cep.Engine.local(workers=0) as engine:
+        for name, fn in (("picky", picky), ("plain", lambda b: b)):
+            q = cep.Query(name)
+            q.output(f"{name}_rows", q.stream("in", SCHEMA).apply(fn, name="user_fn"))
+            engine.deploy(q)
+        with pytest.raises(cep.EngineError) as e:
+            engine.send("in", events(200))
+        assert e.value.code == "OPERATOR_FAILED" and "v == 150" in str(e.value)
+        assert str(e.value).endswith("; queries ['plain'] reading stream 'in' took this send: do not send it again")
+        assert engine.outputs["plain_rows"].rows == 200 and engine.outputs["picky_rows"].rows == 0
+
+
 def test_a_row_larger_than_a_ring_arrives_whole_and_takes_its_own_sequence_numbers():
     big = events(100, pad=50_000)  # every row ~50 KB, the rings hold 64 KiB
     with cep.Engine.local(workers=2, ring_bytes=1 << 16) as engine:
