@@ -166,7 +166,8 @@ class Engine:
 
     def instance_managers(self) -> list[dict]:
         """Every instance manager of this engine: ``name``, ``address``, ``pid``, ``host``, ``cpu``,
-        ``node``, ``alive`` and the ``instances`` it hosts (``query.SQn[i]``)."""
+        ``node``, ``alive`` and the ``instances`` it hosts (``query.SQn[i]``). CLOSED once the engine is closed."""
+        self._check_open()
         return [] if self.cluster is None else self.cluster.describe()
 
     def __enter__(self) -> "Engine":
@@ -497,8 +498,9 @@ class Engine:
         input rate, throughput, latency percentiles (ms, arrival at the engine
         -> result out) and, per sub-query and operator, the same plus queue
         lengths and placement; ``instance_managers``: per process CPU %,
-        memory, bytes in/out. Rates are rows/s over the last few seconds.
+        memory, bytes in/out. Rates are rows/s over the last few seconds. CLOSED once the engine is closed.
         """
+        self._check_open()
         with self._lock:
             deps = dict(self.deployments)
         snaps = {}

@@ -301,6 +301,8 @@ class Cluster:
 
     def _ask(self, im: InstanceManagerLink, request, number: int) -> tuple[int, list]:
         """Send ``request`` numbered ``number``: (``number``, the list its reply will be put in)."""
+        if self._closed:
+            raise EngineError("the engine is closed", "CLOSED")
         if im.dead:
             raise EngineError(im.dead, "WORKER_DIED")
         slot: list = []
@@ -314,12 +316,13 @@ class Cluster:
         return number, slot
 
     def _replies_of(self, waiting: dict, timeout: float, partial: bool) -> dict:
-        """The replies to the requests ``waiting`` (index -> (number, slot)), as :meth:`request_all`."""
+        """The replies to the requests ``waiting`` (index -> (number, slot)), as :meth:`request_all`; once the
+        engine is closed, none comes: the wait ends at once (CLOSED)."""
         out, deadline = {}, time.monotonic() + timeout
         with self.progress:
             for i, (_, slot) in waiting.items():
                 im = self.ims[i]
-                while not slot and not im.dead and time.monotonic() < deadline:
+                while not slot and not im.dead and not self._closed and time.monotonic() < deadline:
                     self.progress.wait(min(deadline - time.monotonic(), 0.1))
                 if slot and not isinstance(slot[0], cmd.Refused):
                     out[i] = slot[0].value
@@ -329,6 +332,8 @@ class Cluster:
                     raise EngineError(slot[0].message, slot[0].code)
                 elif im.dead:
                     raise EngineError(im.dead, "WORKER_DIED")
+                elif self._closed:
+                    raise EngineError(f"the engine closed before {im.describe()} answered", "CLOSED")
                 else:
                     raise EngineError(f"{im.describe()} did not answer within {timeout:.0f} s", "WORKER_TIMEOUT")
         return out
@@ -511,7 +516,9 @@ class Cluster:
         self._closing = True
         for dep in list(self.deployments.values()):  # the collector still reads the replies meanwhile
             dep.close()
-        self._closed = True
+        with self.progress:  # requests still waiting (a migration deploying a generation) end now
+            self._closed = True
+            self.progress.notify_all()
         for im in self.ims:
             try:
                 im.sock.close()  # ours exit with --once; the others drop this engine's deployments

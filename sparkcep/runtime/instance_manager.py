@@ -412,26 +412,46 @@ def run(args) -> int:
         print(f"FAILED {e}", flush=True)  # an engine that started us reads it instead of READY
         print(f"sparkcep worker: {e}", file=sys.stderr, flush=True)
         return 1
+    im.stopping = bool(stop)  # told to stop since the warm-up
+
+    def halt(*_):
+        im.stopping = True
+    for sig in stopping:
+        signal.signal(sig, halt)
     member = None
-    if args.zk:
+    if args.zk and not im.stopping:
         print(f"STARTING joining the cluster at {args.zk}", flush=True)
+        for sig in stopping:  # the join may wait long: for an unreachable registry, a dead predecessor's session
+            signal.signal(sig, _stop_joining)
         try:
             member = join(args.zk, im, token)
+        except StopJoining:
+            im.stopping = True
         except EngineError as e:
             print(f"sparkcep worker: {e} [{e.code}]", file=sys.stderr, flush=True)
             im.close()
             return 1
-    print("READY " + json.dumps(vars(im.info())), flush=True)
-    for sig in stopping:
-        signal.signal(sig, lambda *_: setattr(im, "stopping", True))
+        finally:
+            for sig in stopping:
+                signal.signal(sig, halt)
+    if not im.stopping:
+        print("READY " + json.dumps(vars(im.info())), flush=True)
     try:
-        if not stop:
-            im.loop()
+        im.loop()
     finally:
         if member is not None:
             member.close()
         im.close()
     return 0
+
+
+class StopJoining(BaseException):
+    """SIGTERM or SIGINT while the worker joins its cluster: raised wherever the join waits, it ends there
+    (a BaseException: no ``except Exception`` on the way takes it for a failure)."""
+
+
+def _stop_joining(signum, frame):
+    raise StopJoining()
 
 
 def join(zk: str, im: InstanceManager, token: str):
@@ -440,9 +460,13 @@ def join(zk: str, im: InstanceManager, token: str):
     from sparkcep.control.member import Membership
     from sparkcep.control.registry import open_registry
     info = vars(im.info())
+    info = {k: info[k] for k in ("name", "address", "host", "pid", "cpus", "node")}
     registry = open_registry(zk if zk.startswith("zk://") else f"zk://{zk}", token=token, session_timeout=2.0)
-    return Membership(registry, im.name, {k: info[k] for k in ("name", "address", "host", "pid", "cpus", "node")},
-                      say=lambda text: print(f"STARTING {text}", flush=True))
+    try:
+        return Membership(registry, im.name, info, say=lambda text: print(f"STARTING {text}", flush=True))
+    except BaseException:  # refused, or stopped while it waits
+        registry.close()
+        raise
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -101,10 +101,12 @@ class RemoteDeployment(Deployment):
             for i in hosts:  # one at a time: two instance managers connecting to each other wait on each other
                 cluster.request_all([i], lambda i, number: cmd.Start(
                     number, wire, {k: made[k] for k in touching(i) if k in made}))
-        except BaseException:
+        except BaseException as e:
             cluster.undeploy(wire, hosts)
             ends.close()
             cluster.wires.pop(wire, None)
+            if isinstance(e, Exception):  # the query was undeployed meanwhile (the engine closing): say so
+                self._check_open()
             raise
         finally:
             ends.unlink()  # every end is open: the ring files can go

@@ -151,7 +151,11 @@ class ChannelEnds:
     def unlink(self) -> None:
         """Remove this deployment's ring files (mapped by both ends, they live on until closed)."""
         tag = "".join(ch if ch.isalnum() else "_" for ch in self.deployment)
-        for name in os.listdir(self.shm_dir):
+        try:
+            names = os.listdir(self.shm_dir)
+        except FileNotFoundError:  # the engine closed and removed its folder, rings and all
+            return
+        for name in names:
             if name.startswith(tag + "-"):
                 unlink_quietly(os.path.join(self.shm_dir, name))
 

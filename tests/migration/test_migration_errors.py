@@ -6,8 +6,8 @@ runs, a misspelled strategy: the request fails before anything moves —
 the bin table, the parallelism, the placement, the migration history and
 the output stay as they were — and the query keeps taking input and gives
 the output of the same sends at parallelism 1, in one process and on
-instance managers. A migration under way when its query is undeployed stops
-at once with UNDEPLOYED.
+instance managers. A migration under way when its query is undeployed, or
+the engine closes, stops at once with UNDEPLOYED.
 """
 
 from __future__ import annotations
@@ -223,6 +223,39 @@ def test_a_migration_under_way_stops_with_undeployed_when_its_query_is_undeploye
     assert dep.replicas() == [{"replica": 0, "state": "undeployed", "instance_managers": []}]
     dep = engine.deploy(query(), parallelism=2, bins=BINS)
     finish(engine, dep, sent=0)
+
+
+def causes(error: BaseException) -> list[str]:
+    """The types of ``error`` and of every exception it was raised from or while handling."""
+    out = []
+    while error is not None:
+        out.append(type(error).__name__)
+        error = error.__cause__ or error.__context__
+    return out
+
+
+@pytest.mark.parametrize("delay", [0, 0.005, 0.02])
+def test_a_move_under_way_stops_with_undeployed_when_the_engine_closes(delay, capfd):
+    """``close()`` while a move deploys its new generation on the instance managers: the move raises
+    EngineError UNDEPLOYED within seconds (it waited 30 s for replies that could not come, then raised a
+    FileNotFoundError for the shared-memory folder close had removed), and no worker is left."""
+    engine = cep.Engine.local(workers=2)
+    try:
+        dep = engine.deploy(query(), parallelism=2, bins=BINS)
+        for i in range(3):
+            engine.send("ev", chunk(i))
+        pids = [im["pid"] for im in engine.instance_managers()]
+        t = InThread(lambda: dep.move("agg", 0, "im-1"))
+        time.sleep(delay)
+    finally:
+        engine.close()
+    closed = time.monotonic()
+    t.join(20)
+    assert not t.is_alive(), "the move still runs 20 s after the engine closed"
+    assert isinstance(t.error, EngineError) and t.error.code == "UNDEPLOYED", causes(t.error)
+    assert t.failed_at - closed < 5 and "FileNotFoundError" not in causes(t.error), causes(t.error)
+    assert "FileNotFoundError" not in capfd.readouterr().err
+    assert not [pid for pid in pids if os.path.exists(f"/proc/{pid}")], "a worker outlived the engine"
 
 
 def test_an_instance_manager_that_died_is_refused(tmp_path):

@@ -63,6 +63,21 @@ def test_metrics_count_what_was_sent(workers):
     json.dumps(m)  # the endpoint ships it as JSON
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_closed_engine_has_no_metrics_and_no_instance_managers(workers):
+    """After close() the workers are gone; instance_managers() listed each as alive and metrics() answered,
+    while send() raised CLOSED. Each raises CLOSED now, as every call on a closed engine does."""
+    engine = cep.Engine.local(workers=workers)
+    engine.deploy(make(), parallelism=2)
+    pids = [im["pid"] for im in engine.instance_managers()]
+    engine.close()
+    assert len(pids) == workers and not [pid for pid in pids if os.path.exists(f"/proc/{pid}")]
+    for call in (engine.instance_managers, engine.metrics, lambda: engine.send("m_in", {"k": []})):
+        with pytest.raises(cep.EngineError) as err:
+            call()
+        assert err.value.code == "CLOSED", err.value
+
+
 def test_an_instance_manager_that_does_not_answer_is_named_in_the_metrics(monkeypatch):
     """One SIGSTOPped: metrics() waits METRICS_TIMEOUT_S for it, then its entry says it did not answer;
     its figures were missing without a word. The other's are there."""

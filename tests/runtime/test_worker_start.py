@@ -6,12 +6,16 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
 
 import sparkcep as cep
 from sparkcep import auth
+from sparkcep.control import tree
+from sparkcep.control.registry import ZkRegistry
 from sparkcep.runtime import worker_start
+from sparkcep.runtime.wiring import machine_id
 from sparkcep.runtime.worker_start import Starting, wait_ready
 
 
@@ -69,6 +73,60 @@ def test_a_worker_compiling_kernels_stops_within_seconds_of_sigterm_or_ctrl_c(tm
     finally:
         p.kill()
         p.wait()
+
+
+def free_port() -> int:
+    """A loopback port where nothing listens."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+@pytest.mark.parametrize("waits_for", ["unreachable-registry", "dead-predecessors-session"])
+def test_a_worker_joining_its_cluster_stops_within_seconds_of_sigterm_or_ctrl_c(request, tmp_path, sig, waits_for):
+    """The signal was only noted until READY: a worker joining a registry that does not answer went on for
+    10 s and exited 1, one waiting out the session of a dead worker of its name went on for up to 60 s. It
+    stops as a READY one does: within seconds, exit code 0, no traceback, its member document not written."""
+    token = auth.generate()
+    token_file = auth.write(tmp_path / "token", token)
+    registry = None
+    if waits_for == "unreachable-registry":
+        zk, says = f"127.0.0.1:{free_port()}/nobody", "joining the cluster"
+    else:  # a session of this test holds the document of a worker of the same name that ended here
+        hosts, root = request.getfixturevalue("zookeeper"), f"/joining-{uuid.uuid4().hex[:8]}"
+        zk, says = f"{hosts}{root}", "waiting for the ZooKeeper session"
+        registry = ZkRegistry(hosts, root, session_timeout=2.0, token=token)
+        ended = subprocess.Popen([sys.executable, "-c", "pass"])
+        ended.wait()
+        registry.keep(tree.member("w"), {"name": "w", "pid": ended.pid, "host": machine_id()})
+    p = subprocess.Popen([sys.executable, "-m", "sparkcep", "worker", "--name", "w", "--zk", zk, "--token-file",
+                          str(token_file)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=ctrl_c_delivered)
+    try:
+        s = Starting(p, "im-joining")
+        deadline = time.monotonic() + 60
+        while not s.doing.startswith(says) and time.monotonic() < deadline:
+            worker_start._hear(s)
+        time.sleep(1)  # into the wait
+        assert s.info is None and p.poll() is None, s.doing
+        p.send_signal(sig)
+        t0 = time.monotonic()
+        try:
+            code = p.wait(10)
+        except subprocess.TimeoutExpired:
+            code = None  # still joining
+        took = time.monotonic() - t0
+        assert code == 0 and took < 5, (code, took, s.doing)
+        assert "Traceback" not in p.stderr.read().decode()
+        if registry is not None:  # the name is still the dead one's
+            assert registry.get(tree.member("w"))["pid"] == ended.pid
+    finally:
+        p.kill()
+        p.wait()
+        p.stdout.close()
+        p.stderr.close()
+        if registry is not None:
+            registry.close()
 
 
 def test_a_worker_that_keeps_talking_is_waited_for_past_the_stall_limit(monkeypatch):
