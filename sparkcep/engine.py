@@ -39,6 +39,7 @@ from sparkcep.runtime.send_ids import SendIds, check_retry, send_id_of
 from sparkcep.runtime.topology import Topology
 
 log = logging.getLogger("sparkcep")
+UNDEPLOYED_KEPT = 16  # handles of undeployed queries kept for the endpoint's clients that still hold them
 
 
 class Engine:
@@ -76,6 +77,7 @@ class Engine:
         self._board = Board()  # state handed over between the instances running in this process
         self._handoffs = Handoffs(ENGINE_HOST, report=self._board.installed)
         self._deployed: dict[str, LocalDeployed] = {}  # query -> what deploy() returned
+        self._undeployed: dict[str, LocalDeployed] = {}  # deployment id -> its handle, the last UNDEPLOYED_KEPT
         self._balancer: Balancer | None = None  # started by the first deploy(..., balance=True)
         self._metric_server = MetricServer()
         self._topology, self._ring_bytes = topology, ring_bytes
@@ -123,13 +125,16 @@ class Engine:
         return engine
 
     @staticmethod
+    @checked(EngineError)
     def connect(address: str, token: str | None = None, token_file: str | None = None, retry_s: float = 30.0):
         """The engine of a cluster (``zk://HOST:PORT/PATH``): deploy through its leading orchestrator;
         send, end, collect, subscribe and metrics straight to its data path
         (:class:`sparkcep.control.connect.ConnectedEngine`), riding through its fail-overs for up to
-        ``retry_s`` seconds a call. ``token``, or the file holding it."""
+        ``retry_s`` seconds a call. ``token``, or the file holding it (not both)."""
         from sparkcep.control.connect import ConnectedEngine
         retry_s = number(retry_s, "retry_s", error=EngineError, code="BAD_OPTION")
+        if token is not None and token_file is not None:
+            raise EngineError("Engine.connect takes token= or token_file=, not both", "BAD_OPTION")
         if token is None:
             if token_file is None:
                 raise EngineError("Engine.connect needs the cluster's token (token=... or token_file=...)",
@@ -291,6 +296,19 @@ class Engine:
                              f"queries: {sorted(self._deployed)}", "UNKNOWN_QUERY")
         return handle
 
+    def _handle(self, name: str, dep_id: str | None) -> LocalDeployed:
+        """Deployment ``dep_id`` of query ``name`` (None: the deployed one), as its endpoint's clients call it:
+        a recently undeployed one answers as the handle its deploy() returned does, one that is gone raises
+        ``UNDEPLOYED``, never a later deployment of the same name."""
+        if dep_id is None:
+            return self.deployment(name)
+        handle = self._deployed.get(name)
+        if handle is not None and handle.id == dep_id:
+            return handle
+        if dep_id in self._undeployed:
+            return self._undeployed[dep_id]
+        raise EngineError(f"query {name!r} is undeployed (deployment {dep_id})", "UNDEPLOYED")
+
     def _deployment(self, dep_id: str, query: Query, parallelism, bins: int, retain: bool, ims) -> Deployment:
         """One copy of ``query``: in this process, or on the instance managers (those of ``ims``)."""
         if self.cluster is None or self.cluster.in_process():
@@ -324,7 +342,7 @@ class Engine:
         """Stop query ``name``: its instances go, its outputs and their logs are forgotten."""
         with self._lock:
             dep = self.deployments.pop(name, None)
-            self._deployed.pop(name, None)
+            handle = self._deployed.pop(name, None)
             if self._balancer is not None:
                 self._balancer.forget(name)
             if dep is None:
@@ -344,6 +362,13 @@ class Engine:
                     self._ended.discard(stream)
                     self.sent.forget(stream)
             dep.close()
+            for log_ in dep.logs.values():  # its handle stays a while (below): its rows need not
+                for partition, end in log_.latest().items():
+                    log_.release(partition, end)
+            if handle is not None:
+                self._undeployed[handle.id] = handle
+            if len(self._undeployed) > UNDEPLOYED_KEPT:
+                del self._undeployed[next(iter(self._undeployed))]
 
     # --- input -------------------------------------------------------------------
     @checked(QueryError)

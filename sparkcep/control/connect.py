@@ -205,9 +205,15 @@ class ConnectedEngine:
             self.path.close()
             raise
         self._subscriptions: list[Subscription] = []
+        self._closed = False
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineError("the engine is closed", "CLOSED")
 
     def _call(self, what: str, fn):
         """``fn(client)`` on the data path, riding through its failures (:meth:`DataPath.call`)."""
+        self._check_open()
         with self._lock:
             result, self.client = self.path.call(what, fn, self.client)
         return result
@@ -224,7 +230,7 @@ class ConnectedEngine:
         options = options_to_wire({"parallelism": parallelism, "bins": bins, "retain": retain, "balance": balance,
                                    "replicas": replicas})
         replicas = options["replicas"] if isinstance(options["replicas"], int) else 1
-        spread = max(options["parallelism"].values()) if isinstance(options["parallelism"], dict) \
+        spread = max(options["parallelism"].values(), default=1) if isinstance(options["parallelism"], dict) \
             else options["parallelism"]
         self._await_members(replicas, replicas * spread if isinstance(spread, int) else replicas)
         doc = {"kind": "deploy", "query": base64.b64encode(cloudpickle.dumps(query)).decode(), "options": options}
@@ -236,6 +242,7 @@ class ConnectedEngine:
         instances, until ``wanted`` are, or none joined for :data:`SETTLE_S` (workers started together join
         within seconds of each other); saying so every 3 s while fewer than ``needed`` joined.
         NOT_ENOUGH_WORKERS naming how many joined if fewer than ``needed`` did within :data:`MEMBERS_WAIT_S`."""
+        self._check_open()
         deadline, told, last, seen = time.monotonic() + MEMBERS_WAIT_S, time.monotonic(), time.monotonic(), -1
         while True:
             joined, now = len(self.registry.children(tree.MEMBERS)), time.monotonic()
@@ -263,6 +270,7 @@ class ConnectedEngine:
         self._request({"kind": "undeploy", "query": name}, f"undeploy of {name!r}")
 
     def _request(self, doc: dict, what: str) -> dict:
+        self._check_open()
         path = self.registry.create(f"{tree.REQUESTS}/r-", auth.seal(doc, self.token, "a request"), sequence=True)
         result_path = f"{tree.RESULTS}/{path.rpartition('/')[2]}"
         deadline = time.monotonic() + REQUEST_TIMEOUT_S
@@ -373,16 +381,22 @@ class ConnectedEngine:
 
     def add_instance_manager(self, address: str) -> dict:
         """Not in a cluster: its instance managers join it themselves (``sparkcep worker --zk ...``)."""
+        self._check_open()
         raise EngineError(f"in a cluster, instance managers join it as members: start the one at {address} with "
                           f"`sparkcep worker --zk {self.address.removeprefix('zk://')} --token-file ...`",
                           "CLUSTER_MEMBERS_JOIN")
 
     def data_path(self) -> dict:
         """Where each stream's source and each output's log live, as the registry says."""
+        self._check_open()
         return {"streams": {s: self.registry.get(f"{tree.STREAMS}/{s}") for s in self.registry.children(tree.STREAMS)},
                 "outputs": {o: self.registry.get(f"{tree.OUTPUTS}/{o}") for o in self.registry.children(tree.OUTPUTS)}}
 
     def close(self) -> None:
+        """Stop the subscriptions and leave the cluster: every later call raises ``CLOSED``."""
+        if self._closed:
+            return
+        self._closed = True
         for subscription in self._subscriptions:
             subscription.cancel()
         self.client.close()
@@ -396,10 +410,16 @@ class ConnectedEngine:
 
 
 def _rows(client: EngineClient, output: str, offsets: dict, start: dict) -> tuple[list[pa.Table], dict]:
-    """The rows of ``output`` from positions ``start`` to ``offsets["latest"]``, and those latest positions."""
+    """The rows of ``output`` from positions ``start`` (0 for a partition it does not name) to
+    ``offsets["latest"]``, and those latest positions. ``OFFSET_RELEASED`` naming how many rows were missed when
+    some of them are no longer retained: never a silent skip."""
     out = []
     for p, end in sorted(offsets["latest"].items()):
-        s = start.get(p, offsets["earliest"].get(p, 0))
+        s, first = start.get(p, 0), offsets["earliest"].get(p, 0)
+        if s < first:
+            raise EngineError(f"rows {s}..{first} of partition {p} of output {output!r} were released before they "
+                              f"were read: {first - s} rows missed; the first retained row is at {first}",
+                              "OFFSET_RELEASED")
         if end > s:
             rows = client.read(output, p, s, end, engine=offsets["engine"], deployment=offsets["deployment"])
             out.append(rows.drop_columns([SEQ]))

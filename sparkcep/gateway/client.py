@@ -187,7 +187,20 @@ class EngineClient:
             raise
 
     def _validated(self, stream: str, data) -> pa.Table:
-        """``data`` as the stream's Arrow table, converted and checked as the engine does."""
+        """``data`` as the stream's Arrow table, converted and checked as the engine does. Refused by a schema
+        looked up before, it is checked again with the stream's schema now (it may have been deployed again
+        since, with another schema)."""
+        looked_up = stream in self._schemas
+        try:
+            return self._converted(stream, data)
+        except errors.InputError:
+            if not looked_up:
+                raise
+            self._schemas.pop(stream)
+            return self._converted(stream, data)
+
+    def _converted(self, stream: str, data) -> pa.Table:
+        """``data`` checked against the stream's schema, looked up once and kept."""
         if stream not in self._schemas:
             h = self.schema(stream)
             if h["kind"] != "input":

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import operator
 
+from sparkcep.arguments import scalar
 from sparkcep.deployed import CHANGES, Deployed
-from sparkcep.errors import EngineError, QueryError
+from sparkcep.errors import EngineError
 from sparkcep.gateway.discovery import EngineNotFoundError
 from sparkcep.runtime.output_log import Retention
 
@@ -44,13 +45,13 @@ def options_to_wire(options: dict) -> dict:
     if isinstance(retain, Retention):
         out["retain"] = {"rows": retain.rows, "bytes": retain.bytes, "age_s": retain.age_s}
     elif retain is not None and not isinstance(retain, bool):
-        raise QueryError(f"retain={retain!r}: expected True, False or a cep.Retention", "BAD_RETENTION")
+        raise EngineError(f"retain={retain!r}: expected True, False or a cep.Retention", "BAD_RETENTION")
     parallelism = out.get("parallelism")
     if hasattr(parallelism, "items"):
         out["parallelism"] = {str(k): _plain(v) for k, v in parallelism.items()}
     elif parallelism is not None:
         out["parallelism"] = _plain(parallelism)
-    for key in ("bins", "replicas"):
+    for key in ("bins", "replicas", "balance"):
         if key in out:
             out[key] = _plain(out[key])
     return out
@@ -65,7 +66,9 @@ def options_from_wire(options: dict) -> dict:
 
 
 def _plain(value):
-    """An integer as JSON holds it (numpy's made a Python int); anything else as it is, for the engine's checks."""
+    """An integer or bool as JSON holds it (numpy's made Python's); anything else as it is, for the engine's
+    checks."""
+    value = scalar(value)
     try:
         return value if isinstance(value, bool) else operator.index(value)
     except TypeError:
@@ -75,7 +78,8 @@ def _plain(value):
 class ClientDeployed(Deployed):
     """Query ``query`` deployed as ``id`` on a cluster's data path ``path``
     (:class:`sparkcep.control.connect.DataPath`): a client of its own per call, so a long migration does
-    not hold up the sends of the engine object it came from.
+    not hold up the sends of the engine object it came from. Calls name deployment ``id``: once it is
+    undeployed they act on no later deployment of the same name.
 
     Reads ride through fail-overs of the data path. A change (``migrate``,
     ``move``, ``rescale``) whose connection is lost while it runs is not
@@ -98,7 +102,8 @@ class ClientDeployed(Deployed):
                                   f"its journal last recorded (bin_owners() says where each bin is): {method} "
                                   "again to finish", "MIGRATION_INTERRUPTED")
             try:
-                return client.request("deployment", query=self.name, method=method, args=to_wire(method, args))[0]
+                return client.request("deployment", query=self.name, deployment=self.id, method=method,
+                                      args=to_wire(method, args))[0]
             except EngineNotFoundError as e:  # the connection went: a change may have been under way
                 if method in CHANGES:
                     lost.append(e)

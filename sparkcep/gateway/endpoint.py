@@ -42,7 +42,8 @@ register_im        use the instance manager serving at ``address`` (an executor'
 instance_managers  the engine's instance managers
 deploy             deploy the query pickled in the payload, with ``deploy()``'s options
 deployed           the id of a deployed query, the query pickled in the payload
-deployment         call a method of a deployed query (``migrate``, ``rescale``, ...)
+deployment         call a method of a deployed query (``migrate``, ``rescale``, ...), of the
+                   deployment its ``deployment`` names: ``UNDEPLOYED`` once that is gone
 undeploy           stop a deployed query
 shutdown           stop the process serving the engine (an engine host only)
 =================  ============================================================
@@ -404,11 +405,12 @@ class Endpoint:
                 "outputs": sorted(query.outputs)}, b""
 
     def _op_deployment(self, h, _):
-        """Call ``method`` (one of :data:`sparkcep.deployed.CALLS`) of deployed query ``query`` with ``args``."""
+        """Call ``method`` (one of :data:`sparkcep.deployed.CALLS`) of deployed query ``query`` with ``args``;
+        of its deployment ``deployment`` when named, undeployed since or not."""
         method = h.get("method")
         if method not in CALLS:
             raise EngineError(f"a deployed query has no method {method!r}; methods: {', '.join(CALLS)}", "UNKNOWN_OP")
-        handle = self.engine.deployment(h.get("query"))
+        handle = self.engine._handle(h.get("query"), h.get("deployment"))
         args = from_wire(method, h.get("args") or {})
         try:
             result = handle.parallelism if method == "parallelism" else getattr(handle, method)(**args)

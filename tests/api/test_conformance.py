@@ -463,6 +463,25 @@ def test_a_misspelled_keyword_of_a_deployed_query_is_named_with_the_closest_one(
         assert (cls, code) == ("QueryError", "UNKNOWN_ARGUMENT") and "did you mean 'instances'" in message
 
 
+def test_deploy_options_as_users_pass_them_mean_the_same_everywhere(api):
+    """Through a cluster: parallelism={} raised a bare ValueError, balance=np.bool_(True) could not be sent
+    (not JSON), and retain=5 raised QueryError where an engine raises EngineError."""
+    name = f"opts_{api.kind}"
+    dep = api.engine.deploy(query(name), parallelism={}, bins=BINS, balance=np.bool_(False))
+    try:
+        assert dep.parallelism == {"SQ1": 1, "SQ2": 1}
+    finally:
+        api.engine.undeploy(name)
+    assert code_of(lambda: api.engine.deploy(query(name), retain=5))[:2] == ("EngineError", "BAD_RETENTION")
+
+
+def test_a_misspelled_keyword_of_connect_is_named_with_the_closest_one():
+    """Engine.connect(tokenfile=...) raised a bare TypeError."""
+    cls, code, message = code_of(lambda: cep.Engine.connect("zk://127.0.0.1:1/x", tokenfile="t"))
+    assert (cls, code) == ("EngineError", "UNKNOWN_ARGUMENT") and "did you mean 'token_file'" in message
+    assert code_of(lambda: cep.Engine.connect("zk://127.0.0.1:1/x", token="a", token_file="b"))[1] == "BAD_OPTION"
+
+
 def tree_rss() -> int:
     """Resident memory of this process and every process it started (workers, orchestrator, engine hosts)."""
     me = psutil.Process()
@@ -489,6 +508,97 @@ def test_a_call_that_cannot_mean_the_same_in_a_cluster_says_so_with_a_code(api):
     else:
         assert (cls, code) == ("EngineError", "WORKER_START") and "127.0.0.1:1" in message
     assert len(api.engine.instance_managers()) == (0 if api.kind == "workers0" else 2)
+
+
+def test_a_handle_kept_from_before_undeploy_answers_for_its_own_deployment(api):
+    """Undeployed, a deployed query's handle reads its deployment (state 'undeployed') and refuses changes with
+    UNDEPLOYED, also once the name is deployed again. Through Engine.connect every call raised UNKNOWN_QUERY,
+    and after the redeploy the old handle rescaled the new deployment and called it running."""
+    with Deployment(api, "stale", parallelism=2, bins=BINS) as d:
+        d.send()
+        old = d.dep
+        api.engine.undeploy(d.name)
+        assert [r["state"] for r in old.replicas()] == ["undeployed"]
+        assert len(old.bin_owners("agg")) == BINS
+        assert code_of(lambda: old.rescale("agg", 1))[:2] == ("EngineError", "UNDEPLOYED")
+        assert code_of(lambda: old.migrate("agg", {0: 1}))[:2] == ("EngineError", "UNDEPLOYED")
+        d.dep = api.engine.deploy(d.query, parallelism=2, bins=BINS)
+        assert d.dep.id != old.id
+        assert code_of(lambda: old.rescale("agg", 1))[:2] == ("EngineError", "UNDEPLOYED")
+        assert [r["state"] for r in old.replicas()] == ["undeployed"]
+        assert d.dep.parallelism == {"SQ1": 2, "SQ2": 2} and [r["state"] for r in d.dep.replicas()] == ["running"]
+
+
+def test_a_subscriber_behind_the_retention_is_told_what_it_missed(api):
+    """A cluster client's subscriber reads the output's log: rows its retention released before they were read
+    were skipped without a word; now on_error hears OFFSET_RELEASED naming how many were missed. An engine's
+    subscriber gets every row as it is made."""
+    with Deployment(api, "behind", parallelism=2, bins=BINS, retain=cep.Retention(rows=20)) as d:
+        got, errors, lock = [], [], threading.Lock()
+
+        def take(batch):
+            with lock:
+                got.append(batch)
+        api.engine.subscribe(d.output, take, on_error=errors.append)
+        d.frames = [frame(i) for i in range(40)]  # one send of 20 s: some 450 rows out, at once
+        api.engine.send(d.stream, pd.concat(d.frames))
+        api.engine.end(d.stream)
+        want = reference(d.frames)
+        deadline = time.monotonic() + 30
+        while not errors and sum(b.num_rows for b in list(got)) < len(want) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if api.kind == "cluster":
+            assert [e.code for e in errors] == ["OFFSET_RELEASED"], errors
+            assert "rows missed" in str(errors[0])
+        else:
+            with lock:
+                assert errors == [] and per_key(got) == want
+
+
+def test_a_closed_engine_refuses_every_call(api):
+    """Closed, a cluster client went on sending and collecting (it connected again); an engine raises CLOSED."""
+    name = f"closed_{api.kind}"
+    if api.kind == "cluster":
+        engine = cep.Engine.connect(f"zk://{api.zk}", token_file=api.token_file)
+    else:
+        engine = cep.Engine.local(workers=0)
+    engine.deploy(query(name), parallelism=2, bins=BINS)
+    try:
+        engine.close()
+        calls = {"deploy": lambda: engine.deploy(query(name + "_2")), "deployment": lambda: engine.deployment(name),
+                 "send": lambda: engine.send(f"{name}_in", frame(0)), "end": lambda: engine.end(f"{name}_in"),
+                 "collect": lambda: engine.collect(f"{name}_out"),
+                 "subscribe": lambda: engine.subscribe(f"{name}_out", print), "metrics": engine.metrics,
+                 "instance_managers": engine.instance_managers,
+                 "add_instance_manager": lambda: engine.add_instance_manager("127.0.0.1:1")}
+        assert {what: code_of(call)[:2] for what, call in calls.items()} == \
+            {what: ("EngineError", "CLOSED") for what in calls}
+        engine.close()  # idempotent
+    finally:
+        if api.kind == "cluster":
+            api.engine.undeploy(name)
+
+
+def test_a_stream_deployed_again_with_another_schema_takes_rows_of_the_new_one(api):
+    """A cluster client kept the schema it first looked up: after the stream was deployed again with a field
+    more, each of its sends was refused with UNKNOWN_FIELD until it connected again."""
+    name = f"reschema_{api.kind}"
+
+    def declaring(schema: str) -> cep.Query:
+        q = cep.Query(name)
+        q.output(f"{name}_out", q.stream(f"{name}_in", schema).filter(cep.col("v") >= 0))
+        return q
+    e = api.engine
+    e.deploy(declaring("k string, ts timestamp, v int64"))
+    assert e.send(f"{name}_in", frame(0)) == SEND_ROWS
+    e.undeploy(name)
+    e.deploy(declaring("k string, ts timestamp, v int64, tag string"))
+    try:
+        assert [e.send(f"{name}_in", frame(i).assign(tag="t")) for i in (1, 2)] == [SEND_ROWS] * 2
+        assert code_of(lambda: e.send(f"{name}_in", frame(3).assign(other="t")))[:2] == \
+            ("InputError", "UNKNOWN_FIELD")
+    finally:
+        e.undeploy(name)
 
 
 # --- one interface ---------------------------------------------------------------------------------------------
