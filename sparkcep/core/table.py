@@ -721,7 +721,7 @@ def _slots_for(entries: int) -> int:
 
 def _arrays(bins: int, slots: int, columns: int, arena_bytes: int) -> tuple:
     """Empty (entries, arena, meta) arrays of a table."""
-    ent = zeroed((bins, slots, columns), np.int64)
+    ent = zeroed((bins, slots, columns), np.int64, huge=True)  # probed at random
     ent[:, :, KEY] = EMPTY
     return (ent,
             zeroed((bins, max(64, int(arena_bytes))), np.uint8),  # key bytes and string values

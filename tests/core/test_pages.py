@@ -55,6 +55,19 @@ def test_the_pool_keeps_at_most_its_budget(monkeypatch):
     assert pages.spare_bytes() <= 3 << 20 and len(pages._spares) == 1
 
 
+def test_spares_of_huge_pages_and_of_plain_pages_are_kept_apart(monkeypatch):
+    monkeypatch.setattr(pages, "_spares", [])
+    plain, huge = zeroed(BIG, np.int64), zeroed(BIG, np.int64, huge=True)
+    addresses = {"plain": plain.ctypes.data, "huge": huge.ctypes.data}
+    plain[:] = 3
+    huge[:] = 4
+    del plain, huge
+    gc.collect()
+    again_huge, again_plain = zeroed(BIG, np.int64, huge=True), zeroed(BIG, np.int64)
+    assert again_huge.ctypes.data == addresses["huge"] and again_plain.ctypes.data == addresses["plain"]
+    assert not again_huge.any() and not again_plain.any()
+
+
 def test_small_arrays_are_mapped_fresh_and_zeroed():
     z = zeroed((3, 5), np.float64)
     assert z.shape == (3, 5) and not z.any()
