@@ -192,12 +192,14 @@ class Endpoint:
                 payload = read_payload(conn, size, scratch)
                 try:
                     reply, data = self._dispatch(header, payload)
-                    send_frame(conn, {"ok": True, **reply}, data)
                 except SparkcepError as e:
                     _reply_error(conn, e)
+                    continue
                 except Exception as e:  # a bug: report it to the caller, keep serving
                     traceback.print_exc(file=sys.stderr)
                     _reply_error(conn, EngineError(f"{header.get('op')}: {e!r}", "INTERNAL"))
+                    continue
+                send_frame(conn, {"ok": True, **reply}, data)  # a peer gone meanwhile ends the connection
         except (OSError, SparkcepError):  # the peer went away, or a frame was cut short
             return
         finally:

@@ -263,3 +263,35 @@ def test_abort_ends_a_handshake_a_hung_engine_never_answers():
         thread.join(10)
         assert raised and raised[0][0] - aborted < 2.0, raised
         assert "unreachable (hello)" in str(raised[0][1])
+
+
+def test_a_client_gone_before_its_answer_ends_its_connection_quietly(served, capfd):
+    """The reply to a peer that reset its connection meanwhile raised BrokenPipeError, which the endpoint took
+    for a bug of its own: a traceback on stderr, and a second write to answer it INTERNAL."""
+    import socket
+    import struct
+    import threading
+    import time
+
+    e, c = served
+    dispatch, answered = e.endpoint._dispatch, threading.Event()
+
+    def slow(header, payload):
+        time.sleep(0.3)  # the client resets its connection meanwhile
+        try:
+            return dispatch(header, payload)
+        finally:
+            answered.set()
+    e.endpoint._dispatch = slow
+    asking = threading.Thread(target=lambda: pytest.raises(Exception, c.streams), daemon=True)
+    asking.start()
+    time.sleep(0.1)
+    c._sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+    c.abort()
+    assert answered.wait(5)
+    time.sleep(0.3)  # the endpoint has written its answer by now
+    e.endpoint._dispatch = dispatch
+    asking.join(5)
+    assert "Traceback" not in capfd.readouterr().err
+    with EngineClient.connect() as again:  # and it serves on
+        assert "connections" in again.streams()["inputs"]
