@@ -103,6 +103,7 @@ class InstanceManager:
         self.gate = tcp.Gate(token)  # checks every hello; counts the refused
         self.stopping = False
         self.busy_ns = 0  # wall time spent in turns that did work: the balancer's measure of load
+        self.bytes_gone = [0, 0]  # bytes in and out of the channels of deployments undeployed here
         self.process = psutil.Process()
         self.gc_pauses = GCPauses()
         gc.callbacks.append(self.gc_pauses)
@@ -313,19 +314,21 @@ class InstanceManager:
     def _undeploy(self, link: Link, dep: str) -> None:
         h = self.hosted.pop((id(link), dep), None)
         if h is not None:
+            self.bytes_gone[0] += _bytes_in(h.ends)
+            self.bytes_gone[1] += _bytes_out(h.ends)
             h.runners.clear()
             h.ends.close()
 
     def snapshot(self, link: Link) -> dict:
         """Counters of the link's hosted instances, plus this process's bytes in/out, CPU, memory, GC pauses."""
         deps = {}
-        bytes_in = bytes_out = 0
+        bytes_in, bytes_out = self.bytes_gone
         for (owner, dep_id), h in self.hosted.items():
             if owner == id(link):
                 deps[dep_id] = {r.endpoint: {**r.counters.snapshot(), "queue": r.queued(), "late": r.late()}
                                 for r in h.runners}
-            bytes_in += sum(getattr(end, "bytes_in", 0) for end in h.ends.inputs.values())
-            bytes_out += sum(getattr(end, "bytes_out", 0) for end in h.ends.outputs.values())
+            bytes_in += _bytes_in(h.ends)
+            bytes_out += _bytes_out(h.ends)
         mem = self.process.memory_info()
         cpu = self.process.cpu_times()
         return {"deployments": deps, "bytes_in": bytes_in, "bytes_out": bytes_out,
@@ -353,6 +356,14 @@ def _peer(s: socket.socket) -> str:
 
 def _listen(spec: str) -> socket.socket:
     return socket.create_server(host_port(spec, "OPTION"))
+
+
+def _bytes_in(ends) -> int:
+    return sum(getattr(end, "bytes_in", 0) for end in ends.inputs.values())
+
+
+def _bytes_out(ends) -> int:
+    return sum(getattr(end, "bytes_out", 0) for end in ends.outputs.values())
 
 
 def _cpus(text: str) -> list[int]:

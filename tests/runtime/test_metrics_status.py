@@ -263,6 +263,25 @@ def test_counters_keep_what_retired_instances_counted(workers):
     assert sq2["busy_s"] >= was["busy_s"] > 0 and sq2["latency_ms"] == was["latency_ms"]
 
 
+def test_instance_manager_bytes_keep_what_undeployed_channels_carried():
+    """An instance manager's bytes in and out (Prometheus counters) summed the channels open now: they fell
+    to a few hundred bytes at each rescale and to 0 at undeploy, and their rates went negative."""
+    with cep.Engine.local(workers=2) as engine:
+        dep = engine.deploy(make(), parallelism=2, bins=16)
+        send_all(engine, batches=4)
+        seen = [{n: (im["bytes_in"], im["bytes_out"]) for n, im in engine.metrics()["instance_managers"].items()}]
+        dep.rescale("per_k", 1)
+        seen.append({n: (im["bytes_in"], im["bytes_out"]) for n, im in engine.metrics()["instance_managers"].items()})
+        engine.undeploy("mq")
+        m = engine.metrics()["instance_managers"]
+        seen.append({n: (im["bytes_in"], im["bytes_out"]) for n, im in m.items()})
+    assert all(b > 0 for b in seen[0].values() for b in b)
+    for name in seen[0]:
+        for way in (0, 1):  # in, out
+            assert [s[name][way] for s in seen] == sorted(s[name][way] for s in seen), [s[name] for s in seen]
+    assert all(im["bytes_in_rate"] >= 0 and im["bytes_out_rate"] >= 0 for im in m.values())
+
+
 def test_an_instance_manager_that_does_not_answer_is_not_shown_up(monkeypatch):
     """One SIGSTOPped: Prometheus' sparkcep_instance_manager_up is 0 for it, with no figure, and
     ``sparkcep status`` says "no answer" with its figures unknown; both showed it up, at 0 % CPU and 0 B."""
