@@ -193,6 +193,8 @@ class Engine:
         for dep in self.deployments.values():
             if dep.runners:  # its instances run in this process: their state goes now
                 dep.close()
+            elif isinstance(dep, ReplicaSet):  # its members go with the instance managers below
+                dep.closed = True
         if self.cluster is not None:
             self.cluster.close()
 

@@ -299,3 +299,12 @@ def test_a_slow_catch_up_holds_the_sources_back(engine, monkeypatch):
     engine.undeploy("bp")
     assert took >= SLOW_S and during <= 8, f"{during} sends taken in the {took:.2f} s the catch-up took"
     assert_same_rows(plain(got), plain(reference("bp", sent)), "through a slow catch-up")
+
+
+def test_the_replicas_of_a_closed_engine_are_undeployed():
+    """After close() had stopped every instance manager, a replicated query's handle said both replicas were
+    running (one not replicated said undeployed, as after undeploy)."""
+    with cep.Engine.local(workers=2) as e:
+        dep = e.deploy(query("closed_replicas"), replicas=2)
+        assert [r["state"] for r in dep.replicas()] == ["running", "running"]
+    assert [r["state"] for r in dep.replicas()] == ["undeployed", "undeployed"]
