@@ -528,8 +528,7 @@ class Engine:
         memory, bytes in/out. Rates are rows/s over the last few seconds. CLOSED once the engine is closed.
         """
         self._check_open()
-        with self._lock:
-            deps = dict(self.deployments)
+        deps = dict(self.deployments)  # not under the engine's lock: a send blocked on a full ring holds it
         snaps = {}
         if self.cluster is not None:
             snaps = self.cluster.snapshots()

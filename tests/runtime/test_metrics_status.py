@@ -97,6 +97,37 @@ def test_an_instance_manager_that_does_not_answer_is_named_in_the_metrics(monkey
     assert other["rss_bytes"] > 10 << 20 and "error" not in other
 
 
+def test_metrics_answer_while_a_send_waits_on_a_stopped_instance_manager(monkeypatch):
+    """metrics() waited for the engine's lock, which a send blocked on the stopped process's full ring holds
+    until it gives up (60 s): it answered after 67 s instead of the metrics wait."""
+    monkeypatch.setattr("sparkcep.runtime.cluster.METRICS_TIMEOUT_S", 1.0)
+    with cep.Engine.local(workers=1, ring_bytes=65536) as engine:
+        engine.deploy(make())
+        stopped = engine.instance_managers()[0]
+        os.kill(stopped["pid"], signal.SIGSTOP)
+        sent = []
+
+        def send_on():
+            for b in range(50):
+                engine.send("m_in", {"k": ["k"] * 1000, "ts": pa.array(np.full(1000, b), pa.timestamp("us")),
+                                     "v": np.arange(1000)})
+                sent.append(b)
+        sender = threading.Thread(target=send_on, daemon=True)
+        try:
+            sender.start()
+            time.sleep(1.0)
+            assert len(sent) < 50  # the ring is full: the send waits
+            t0 = time.monotonic()
+            ims = engine.metrics()["instance_managers"]
+            took = time.monotonic() - t0
+        finally:
+            os.kill(stopped["pid"], signal.SIGCONT)
+        sender.join(30)
+    assert took < 5, took
+    assert ims[0]["error"] == "no answer to the metrics request within 1 s (stopped? overloaded?)"
+    assert len(sent) == 50  # and the send went on once it was back
+
+
 def test_status_shows_a_running_local_engine(own_home):
     with cep.Engine.local(workers=2) as engine:
         engine.deploy(make(), parallelism=2)
