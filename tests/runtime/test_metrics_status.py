@@ -147,6 +147,21 @@ def test_status_shows_a_running_local_engine(own_home):
     assert "output m_out: 20 rows" in text
 
 
+def test_status_says_a_query_failed():
+    """A query failed by its instance manager's death (metrics: state failed) was printed as a healthy one."""
+    from sparkcep.control.status import render
+    with cep.Engine.local(workers=2) as engine:
+        engine.deploy(make(), parallelism=2)
+        send_all(engine, batches=2)
+        os.kill(engine.instance_managers()[1]["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while (m := engine.metrics())["queries"]["mq"]["state"] != "failed" and time.monotonic() < deadline:
+            time.sleep(0.1)
+    lines = render({"address": "a", "pid": 1}, m).splitlines()
+    assert m["queries"]["mq"]["state"] == "failed"
+    assert any(line.startswith("  mq [FAILED]: in 4,000") for line in lines), lines
+
+
 def test_status_without_an_engine_says_so(own_home):
     env = dict(os.environ, SPARKCEP_HOME=str(own_home / "empty"))
     p = subprocess.run([sys.executable, "-m", "sparkcep.cli", "status"], capture_output=True, text=True,
