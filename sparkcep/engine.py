@@ -15,6 +15,7 @@ import itertools
 import logging
 import threading
 import uuid
+import weakref
 
 import pyarrow as pa
 
@@ -80,6 +81,7 @@ class Engine:
         self._undeployed: dict[str, LocalDeployed] = {}  # deployment id -> its handle, the last UNDEPLOYED_KEPT
         self._balancer: Balancer | None = None  # started by the first deploy(..., balance=True)
         self._metric_server = MetricServer()
+        self._held = weakref.WeakKeyDictionary()  # per deployment: its counters' highest figures so far
         self._topology, self._ring_bytes = topology, ring_bytes
         self.cluster = None
         self.endpoint = None  # the loopback endpoint, started by local()
@@ -535,14 +537,14 @@ class Engine:
         counters: dict = {}
         queries, late, late_streams = {}, {}, {}
         for q, dep in deps.items():
-            if dep.runners:  # its instances run in this process
-                inst = dep.instance_metrics()
-            else:
-                inst = {ep: m for s in snaps.values() for ep, m in s["deployments"].get(dep.gen.wire, {}).items()}
+            # with replicas, the counts of the one that counted most (a rebuilt one counts from its catch-up)
+            replicas = (dep.running() or dep.members) if isinstance(dep, ReplicaSet) else [dep]
+            counted, inst = max(((r, _instance_counts(r, snaps)) for r in replicas),
+                                key=lambda r_inst: sum(m["rows_in"] for m in r_inst[1].values()))
             late[q], by_stream = late_counts(dep.plan, {ep: m["late"] for ep, m in inst.items()})
             for stream, ops in by_stream.items():
                 late_streams.setdefault(stream, {}).update({f"{q}.{op}": n for op, n in ops.items()})
-            queries[q] = deployment_metrics(dep, inst, counters)
+            queries[q] = deployment_metrics(dep, inst, counters, self._held.setdefault(dep, {}), counted.retired)
             queries[q]["state"] = "failed" if dep.error is not None else "running"
             if isinstance(dep, ReplicaSet):
                 queries[q]["replication"] = dep.metrics()
@@ -592,6 +594,13 @@ class Engine:
     def _check_open(self) -> None:
         if self._closed:
             raise EngineError("the engine is closed", "CLOSED")
+
+
+def _instance_counts(dep, snaps: dict) -> dict:
+    """Per instance of ``dep``, its counters: from this process, or from the instance managers' ``snaps``."""
+    if dep.runners:
+        return dep.instance_metrics()
+    return {ep: m for s in snaps.values() for ep, m in s["deployments"].get(dep.gen.wire, {}).items()}
 
 
 def _check_same_stream(name: str, mine, theirs, other: str) -> None:

@@ -224,23 +224,32 @@ def _pct(hists) -> dict[str, float]:
     return total.percentiles()
 
 
-def deployment_metrics(dep, instances: dict, counters: dict) -> dict:
+def deployment_metrics(dep, instances: dict, counters: dict, held: dict, retired: dict) -> dict:
     """The section of one query: totals, then per sub-query and per operator.
 
     ``instances``: per instance, the snapshot of its counters (:meth:`Counters.snapshot`
     plus ``queue`` and ``late``); ``counters`` collects flat counters for rates. What instances
-    that no longer run counted (``dep.retired``) stays in the row counts, busy time and latency.
+    that no longer run counted (``retired``, per sub-query: of the deployment, or of the replica
+    ``instances`` are of) stays in the row counts, busy time and latency.
+    ``held``: the counts this deployment gave before (the caller keeps it per deployment), below
+    which none goes: instances being replaced, rebuilt from a replica, or not answering count less
+    for a while.
     """
     q = dep.query.name
+
+    def hold(key, n):
+        n = held[key] = max(n, held.get(key, 0))
+        return n
+
     rows_in = sum(s.rows for s in dep.sources.values())
     rows_out = sum(dep.sink.rows.values())
     counters[(q, "in")], counters[(q, "out")] = rows_in, rows_out
     sqs, ops = {}, {}
     for sq in dep.plan.subqueries:
         mine = {ep: m for ep, m in instances.items() if ep[0] == sq.name}
-        retired = dep.retired.get(sq.name)
-        counted = [*mine.values(), *([retired.snapshot()] if retired else [])]
-        s_in = sum(m["rows_in"] for m in counted)
+        gone = retired.get(sq.name)
+        counted = [*mine.values(), *([gone.snapshot()] if gone else [])]
+        s_in = hold((q, sq.name, "in"), sum(m["rows_in"] for m in counted))
         outs: dict[str, int] = {}
         lat: dict[str, list] = {}
         for m in counted:
@@ -248,7 +257,10 @@ def deployment_metrics(dep, instances: dict, counters: dict) -> dict:
                 outs[op] = outs.get(op, 0) + n
             for op, h in m["latency"].items():
                 lat.setdefault(op, []).append(h)
-        s_out = sum(outs.values())
+        for op in sq.operators:
+            if op.name in outs or (q, op.name, "op_out") in held:
+                outs[op.name] = hold((q, op.name, "op_out"), outs.get(op.name, 0))
+        s_out = hold((q, sq.name, "out"), sum(outs.values()))
         counters[(q, sq.name, "in")], counters[(q, sq.name, "out")] = s_in, s_out
         queue = {"input_bytes": 0, "stashed_rows": 0, "backlog_bytes": 0}
         for m in mine.values():
@@ -256,7 +268,7 @@ def deployment_metrics(dep, instances: dict, counters: dict) -> dict:
                 queue[k] += m["queue"][k]
         sqs[sq.name] = {"operators": [op.name for op in sq.operators],
                         "instances": dep.parallelism[sq.name], "rows_in": s_in, "rows_out": s_out,
-                        "busy_s": sum(m["busy_ns"] for m in counted) / 1e9,
+                        "busy_s": hold((q, sq.name, "busy"), sum(m["busy_ns"] for m in counted)) / 1e9,
                         "epoch": min((m["epoch"] for m in mine.values()), default=0),
                         "latency_ms": _pct([h for hs in lat.values() for h in hs]), "queue": queue,
                         "placement": dep.placement_lines().get(sq.name, [])}
@@ -268,7 +280,7 @@ def deployment_metrics(dep, instances: dict, counters: dict) -> dict:
                 counters[(q, op.name, "op_in")] = s_in
             if op.name in outs:
                 entry["rows_out"] = outs[op.name]
-                entry["latency_ms"] = _pct(lat[op.name])
+                entry["latency_ms"] = _pct(lat.get(op.name, []))
                 counters[(q, op.name, "op_out")] = outs[op.name]
             ops[op.name] = entry
     return {"rows_in": rows_in, "rows_out": rows_out, "epoch": dep.epoch - 1, "done_epoch": dep.sink.done_epoch,

@@ -309,6 +309,61 @@ def test_counters_keep_what_retired_instances_counted(workers):
     assert sq2["busy_s"] >= was["busy_s"] > 0 and sq2["latency_ms"] == was["latency_ms"]
 
 
+def test_counters_never_go_down_while_operators_are_rescaled_and_moved():
+    """Sampled while a rescale or move ran, a sub-query's rows in fell to 0 (the new generation's instances
+    counted from zero until they took over the old ones' counters), then came back."""
+    with cep.Engine.local(workers=2) as engine:
+        dep = engine.deploy(make(), parallelism=2, bins=16)
+        send_all(engine, batches=4)
+        engine.collect("m_out")
+        seen, stop = [], threading.Event()
+
+        def sample():
+            while not stop.is_set():
+                q = engine.metrics()["queries"]["mq"]
+                seen.append((q["subqueries"]["SQ1"]["rows_in"], q["operators"]["even"]["rows_out"],
+                             q["subqueries"]["SQ2"]["rows_in"]))
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        try:
+            for _ in range(2):
+                dep.rescale("per_k", 3)
+                dep.move("per_k", instance=0, to=engine.instance_managers()[1]["name"])
+                dep.rescale("per_k", 2)
+        finally:
+            stop.set()
+            sampler.join(30)
+    assert len(seen) > 5 and set(seen) == {(4000, 2000, 2000)}, sorted(set(seen))
+
+
+def test_a_rebuilt_replica_does_not_restart_the_counters():
+    """With replicas=2, the replica rebuilt after its instance manager died counts from its catch-up: the
+    sub-query counters read half the rows sent, for good."""
+    with cep.Engine.local(workers=2, standby=1) as engine:
+        dep = engine.deploy(make(), replicas=2)
+
+        def send(b):
+            engine.send("m_in", {"k": [f"k{i % 5}" for i in range(1000)],
+                                 "ts": pa.array(np.arange(1000) + b * 1000, pa.timestamp("us")), "v": np.arange(1000)})
+        for b in range(4):
+            send(b)
+        dep.wait()
+        victim = next(im for im in engine.instance_managers() if im.get("replica") == 0)
+        os.kill(victim["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (
+                [r["state"] for r in dep.replicas()] == ["running", "running"]
+                and dep.replicas()[0]["instance_managers"] != [victim["name"]]):
+            time.sleep(0.1)
+        assert dep.replicas()[0]["instance_managers"] != [victim["name"]], dep.replicas()
+        for b in range(4, 8):
+            send(b)
+        dep.wait()
+        q = engine.metrics()["queries"]["mq"]
+    assert q["rows_in"] == 8000
+    assert (q["subqueries"]["SQ1"]["rows_in"], q["operators"]["even"]["rows_out"]) == (8000, 4000)
+
+
 def test_instance_manager_bytes_keep_what_undeployed_channels_carried():
     """An instance manager's bytes in and out (Prometheus counters) summed the channels open now: they fell
     to a few hundred bytes at each rescale and to 0 at undeploy, and their rates went negative."""
