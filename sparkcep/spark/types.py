@@ -36,6 +36,11 @@ def spark_schema(fields: dict[str, str], metadata: bool):
 
 def check_writable(stream: str, fields: dict[str, str], spark_schema) -> list[str]:
     """The Spark columns to send, in the stream's field order; SparkSourceError ``SCHEMA`` on a mismatch."""
+    names = [f.name for f in spark_schema.fields]
+    twice = [n for n in names if names.count(n) > 1]
+    if twice:  # after a join, say: Spark would fail each task with an Arrow error
+        raise SparkSourceError(f"column {twice[0]!r} appears {names.count(twice[0])} times in the DataFrame; "
+                               f"stream {stream!r} takes each field once: .select() or rename them first", "SCHEMA")
     got = {f.name: f.dataType.simpleString() for f in spark_schema.fields}
     missing = [n for n in fields if n not in got]
     if missing:

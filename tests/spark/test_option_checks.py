@@ -56,6 +56,16 @@ def test_a_wall_clock_time_is_refused_where_the_stream_holds_instants():
     assert check_writable("s", {"t": "timestamp", "v": "int64"}, instants) == ["t", "v"]
 
 
+@pytest.mark.parametrize("second", [T.LongType(), T.StringType()])
+def test_a_column_that_appears_twice_is_refused_naming_it(second):
+    """After a join: of one type, the check passed and every task failed with Spark's Arrow error; of two, it
+    said the column was of the wrong type while one of the right type was there."""
+    schema = T.StructType([T.StructField("id", T.LongType()), T.StructField("ts", T.TimestampType()),
+                           T.StructField("id", second)])
+    message = refused("SCHEMA", check_writable, "ev", {"id": "int64", "ts": "timestamp"}, schema)
+    assert "column 'id' appears 2 times" in message
+
+
 def test_a_commit_refuses_rows_its_tasks_staged_in_another_engine():
     """With ``engine`` unset, a second engine started on the machine took a micro-batch's tasks while the commit
     went to the first: the query failed saying the engine had restarted, which none had."""
