@@ -309,9 +309,10 @@ def test_counters_keep_what_retired_instances_counted(workers):
     assert sq2["busy_s"] >= was["busy_s"] > 0 and sq2["latency_ms"] == was["latency_ms"]
 
 
-def test_counters_never_go_down_while_operators_are_rescaled_and_moved():
+def test_counters_never_go_down_while_operators_are_rescaled_and_moved_or_undeployed():
     """Sampled while a rescale or move ran, a sub-query's rows in fell to 0 (the new generation's instances
-    counted from zero until they took over the old ones' counters), then came back."""
+    counted from zero until they took over the old ones' counters), then came back. An instance manager's
+    bytes in and out summed the channels open now: they fell at each rescale and to 0 at undeploy."""
     with cep.Engine.local(workers=2) as engine:
         dep = engine.deploy(make(), parallelism=2, bins=16)
         send_all(engine, batches=4)
@@ -320,20 +321,30 @@ def test_counters_never_go_down_while_operators_are_rescaled_and_moved():
 
         def sample():
             while not stop.is_set():
-                q = engine.metrics()["queries"]["mq"]
-                seen.append((q["subqueries"]["SQ1"]["rows_in"], q["operators"]["even"]["rows_out"],
-                             q["subqueries"]["SQ2"]["rows_in"]))
+                m = engine.metrics()
+                q = m["queries"]["mq"]
+                seen.append(((q["subqueries"]["SQ1"]["rows_in"], q["operators"]["even"]["rows_out"],
+                              q["subqueries"]["SQ2"]["rows_in"]),
+                             {n: (im["bytes_in"], im["bytes_out"]) for n, im in m["instance_managers"].items()}))
         sampler = threading.Thread(target=sample)
         sampler.start()
         try:
             for _ in range(2):
                 dep.rescale("per_k", 3)
                 dep.move("per_k", instance=0, to=engine.instance_managers()[1]["name"])
-                dep.rescale("per_k", 2)
+                dep.rescale("per_k", 1)
         finally:
             stop.set()
             sampler.join(30)
-    assert len(seen) > 5 and set(seen) == {(4000, 2000, 2000)}, sorted(set(seen))
+        engine.undeploy("mq")
+        m = engine.metrics()["instance_managers"]
+    assert len(seen) > 5 and {counts for counts, _ in seen} == {(4000, 2000, 2000)}, sorted({c for c, _ in seen})
+    moved = [b for _, b in seen] + [{n: (im["bytes_in"], im["bytes_out"]) for n, im in m.items()}]
+    assert all(n > 0 for n in moved[0].values() for n in n)
+    for name in moved[0]:
+        for way in (0, 1):  # in, out
+            assert [b[name][way] for b in moved] == sorted(b[name][way] for b in moved), [b[name] for b in moved]
+    assert all(im["bytes_in_rate"] >= 0 and im["bytes_out_rate"] >= 0 for im in m.values())
 
 
 def test_a_rebuilt_replica_does_not_restart_the_counters():
@@ -362,25 +373,6 @@ def test_a_rebuilt_replica_does_not_restart_the_counters():
         q = engine.metrics()["queries"]["mq"]
     assert q["rows_in"] == 8000
     assert (q["subqueries"]["SQ1"]["rows_in"], q["operators"]["even"]["rows_out"]) == (8000, 4000)
-
-
-def test_instance_manager_bytes_keep_what_undeployed_channels_carried():
-    """An instance manager's bytes in and out (Prometheus counters) summed the channels open now: they fell
-    to a few hundred bytes at each rescale and to 0 at undeploy, and their rates went negative."""
-    with cep.Engine.local(workers=2) as engine:
-        dep = engine.deploy(make(), parallelism=2, bins=16)
-        send_all(engine, batches=4)
-        seen = [{n: (im["bytes_in"], im["bytes_out"]) for n, im in engine.metrics()["instance_managers"].items()}]
-        dep.rescale("per_k", 1)
-        seen.append({n: (im["bytes_in"], im["bytes_out"]) for n, im in engine.metrics()["instance_managers"].items()})
-        engine.undeploy("mq")
-        m = engine.metrics()["instance_managers"]
-        seen.append({n: (im["bytes_in"], im["bytes_out"]) for n, im in m.items()})
-    assert all(b > 0 for b in seen[0].values() for b in b)
-    for name in seen[0]:
-        for way in (0, 1):  # in, out
-            assert [s[name][way] for s in seen] == sorted(s[name][way] for s in seen), [s[name] for s in seen]
-    assert all(im["bytes_in_rate"] >= 0 and im["bytes_out_rate"] >= 0 for im in m.values())
 
 
 def test_an_instance_manager_that_does_not_answer_is_not_shown_up(monkeypatch):
