@@ -71,7 +71,7 @@ class ReplicaSet:
         if not survivors:
             self.fail(error)
             return
-        log.warning("query %s: replica %d failed (%s); %d replica(s) run on; rebuilding it",
+        log.warning("query %s: replica %d failed (%s); %d replica(s) run on; rebuilding it where there is room",
                     self.query.name, r, error, len(survivors))
         if self.rebuild is not None:
             self.rebuild(r)
