@@ -83,11 +83,11 @@ def _map(size: int, huge: bool) -> mmap.mmap:
     if not huge:
         return mmap.mmap(-1, size, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE)
     mm = mmap.mmap(-1, size, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    mm.madvise(mmap.MADV_HUGEPAGE)
-    try:
-        mm.madvise(MADV_POPULATE_WRITE)
-    except OSError:  # an older kernel: the first writes fault the pages in
-        pass
+    for advice in (mmap.MADV_HUGEPAGE, MADV_POPULATE_WRITE):
+        try:
+            mm.madvise(advice)
+        except OSError:  # a kernel without huge pages, or before 5.14: plain pages, or faulted in by first writes
+            pass
     return mm
 
 
