@@ -172,7 +172,7 @@ def test_the_cluster_survives_20_faults_with_no_row_lost_or_doubled(spark, tmp_p
 
         recovery, report = [], []
         for kind in faults:
-            time.sleep(rng.uniform(0.2, 1.0))
+            time.sleep(rng.uniform(0.5, 2.0))
             while not feed.outstanding.is_set():
                 time.sleep(0.001)  # the fault lands while a send is under way
             started = time.monotonic()
