@@ -111,7 +111,8 @@ def _recv_exact(sock: socket.socket, n: int, eof_ok: bool = False):
 
 
 def _recv_into(sock: socket.socket, buf, eof_ok: bool = False):
-    """``buf`` (a writable buffer) filled from ``sock``; None if the peer closed before its first byte."""
+    """``buf`` (a writable buffer) filled from ``sock``; None if the peer closed before its first byte,
+    ConnectionError if it closed after (it went away mid-frame: a dead engine, not a bad frame)."""
     view = memoryview(buf).cast("B")
     n, got = len(view), 0
     while got < n:
@@ -119,7 +120,7 @@ def _recv_into(sock: socket.socket, buf, eof_ok: bool = False):
         if k == 0:
             if eof_ok and got == 0:
                 return None
-            raise ProtocolError(f"connection closed after {got} of {n} bytes of a frame")
+            raise ConnectionError(f"connection closed after {got} of {n} bytes of a frame")  # the peer went away
         got += k
     return buf
 

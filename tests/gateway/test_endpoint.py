@@ -295,3 +295,23 @@ def test_a_client_gone_before_its_answer_ends_its_connection_quietly(served, cap
     assert "Traceback" not in capfd.readouterr().err
     with EngineClient.connect() as again:  # and it serves on
         assert "connections" in again.streams()["inputs"]
+
+
+def test_an_answer_cut_short_by_the_engine_s_death_is_an_unreachable_engine(served, monkeypatch):
+    """An engine host killed while it answered a Spark task's read left a frame cut short: the client raised
+    PROTOCOL, which no caller retries, and the streaming query failed where a fail-over is ridden through."""
+    import socket
+
+    from sparkcep.control.connect import retryable
+    from sparkcep.gateway import endpoint, protocol
+
+    def dying(conn, header, payload=b""):  # the head of a frame of 2,920 bytes, then the process is gone
+        head = json.dumps(header).encode()
+        conn.sendall(protocol._PREFIX.pack(protocol.MAGIC, protocol.VERSION, 0, len(head), 2920) + head)
+        conn.shutdown(socket.SHUT_RDWR)
+    monkeypatch.setattr(endpoint, "send_frame", dying)
+    _, c = served
+    with pytest.raises(EngineError) as err:
+        c.streams()
+    assert err.value.code == "ENGINE_NOT_FOUND" and retryable(err.value), err.value
+    assert "connection closed after 0 of 2920 bytes" in str(err.value)
