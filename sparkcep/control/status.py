@@ -177,7 +177,8 @@ def render(hello: dict, m: dict) -> str:
     lines.append(f"queries ({len(queries)}):")
     for name, q in queries.items():
         state = q.get("state", "running")
-        lines.append(f"  {name}{'' if state == 'running' else f' [{state.upper()}]'}: in {q['rows_in']:,} ({_rate(q.get('input_rate'))}/s), out {q['rows_out']:,} "
+        shown = name if state == "running" else f"{name} [{state.upper()}]"
+        lines.append(f"  {shown}: in {q['rows_in']:,} ({_rate(q.get('input_rate'))}/s), out {q['rows_out']:,} "
                      f"({_rate(q.get('throughput'))}/s), latency {_lat(q.get('latency_ms', {}))}, "
                      f"epoch {q.get('done_epoch')}/{q.get('epoch')}")
         for sq_name, sq in q.get("subqueries", {}).items():
