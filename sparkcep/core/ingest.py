@@ -142,8 +142,8 @@ def _convert(stream: str, field: str, want: str, values) -> pa.Array:
                 raise InputError(f"stream {stream!r}: field {field!r}: {_finer(field, row, v.to_datetime64())}", "TYPE")
     try:
         arr = values if isinstance(values, pa.Array) else pa.array(_detached(values), from_pandas=True)
-    except _BAD_VALUE as e:
-        arr = _convert_explicit(stream, field, want, values, target, e)
+    except _BAD_VALUE:
+        arr = _convert_explicit(stream, field, want, values, target)
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
     if pa.types.is_dictionary(arr.type):  # pandas' category dtype: its values are what is sent
@@ -197,12 +197,16 @@ def _float_for_int(field: str, arr: pa.Array, want: str) -> str:
     return f" (whole numbers: cast the column, e.g. df[{field!r}].astype(\"{want}\"))"
 
 
-def _convert_explicit(stream, field, want, values, target, error):
+def _convert_explicit(stream, field, want, values, target):
+    """``values`` Arrow could not type by itself (e.g. Python objects of mixed types) converted to ``target``;
+    refused naming the first value that does not convert."""
     try:
         return pa.array(values, type=target, from_pandas=True)
-    except _BAD_VALUE:
-        raise InputError(f"stream {stream!r}: field {field!r} expects {want}: {error}"
-                         + _first_bad(values, target), "TYPE") from None
+    except _BAD_VALUE as e:
+        bad = _first_unconverted(values, target)
+        raise InputError(f"stream {stream!r}: field {field!r} expects {want}"
+                         + (f", got {type(bad[1]).__name__} at row {bad[0]}: {bad[1]!r}" if bad else f": {e}"),
+                         "TYPE") from None
 
 
 def _sub_microsecond(field: str, arr: pa.Array) -> str | None:
@@ -223,17 +227,23 @@ def _finer(field: str, row: int, value: np.datetime64) -> str:
 
 
 def _first_bad(values, target) -> str:
-    """' (first bad value at row i: v)' — only on the error path, so a Python loop is fine."""
+    """' (row i: v)' of the first value that does not convert to ``target`` — only on the error path, so a
+    Python loop is fine."""
+    bad = _first_unconverted(values, target)
+    return "" if bad is None else f" (row {bad[0]}: {bad[1]!r})"
+
+
+def _first_unconverted(values, target) -> tuple[int, object] | None:
     try:
         items = values.to_pylist() if isinstance(values, pa.Array) else list(values)
     except Exception:
-        return ""
+        return None
     for i, v in enumerate(items):
         try:
             pa.array([v], type=target, from_pandas=True)
         except _BAD_VALUE:
-            return f" (row {i}: {v!r})"
-    return ""
+            return i, v
+    return None
 
 
 def check_event_times(stream: str, time_field: str, times: list[pa.Array], peaks: list[int],

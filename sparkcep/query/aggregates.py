@@ -3,7 +3,10 @@
 ``count()`` counts tuples; every other function ignores nulls and gives null
 for a window-group where its field has no non-null value. ``first``/``last``
 take the value of the earliest/latest tuple by (event time, source sequence
-number), never by arrival order.
+number), never by arrival order. ``sum`` of an integer field is an int64 that
+wraps around past its range (as numpy's and pandas' sums do, and Spark's with
+ANSI mode off): that keeps it independent of the order rows come in, on any
+instance and across migrations; sum a float64 field where that range may not do.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ comparisons, boolean logic, ``is_null``, string ``startswith`` and ``split_part`
 Expressions are descriptions; :mod:`sparkcep.core.evaluate` runs them over
 columnar batches. Nulls propagate through arithmetic and comparisons;
 ``&``/``|`` follow SQL's three-valued logic; division or modulo by zero
-gives null.
+gives null; int64 arithmetic wraps around past its range, as numpy's does.
 
 >>> (col("bytes") / 1024 > 1) & ~col("ip").startswith("10.")
 ((col('bytes') / 1024) > 1) & ~col('ip').startswith('10.')

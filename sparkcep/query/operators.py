@@ -391,7 +391,7 @@ class Stream:
         """
         return self._then(Apply(self.op.query, self.op, fn, schema, name))
 
-    def aggregate(self, window, by=(), name: str | None = None, late: str | None = None,
+    def aggregate(self, window=None, by=(), name: str | None = None, late: str | None = None,
                   **funcs: AggFunc) -> "Stream":
         """Windowed aggregation: one row per window and group, see :mod:`sparkcep.query.aggregates`;
         with :class:`~sparkcep.query.running.Running`, one row per group after each batch that updated it.
@@ -399,7 +399,7 @@ class Stream:
         ``late="name"`` (time windows): the tuples that came after their window
         fired are kept in the output stream ``name``, as they came in.
         """
-        for key, fn in funcs.items():  # a keyword that is no function: maybe a misspelled argument
+        for key, fn in funcs.items():  # a keyword that is no function: maybe a misspelled argument (window too)
             if not isinstance(fn, AggFunc) and closest(key, AGGREGATE_ARGS):
                 raise unknown("aggregate", key, AGGREGATE_ARGS)
         query = self.op.query

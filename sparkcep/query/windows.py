@@ -24,15 +24,15 @@ def duration_us(value, what: str = "duration") -> int:
     if isinstance(value, dt.timedelta):
         us = value // dt.timedelta(microseconds=1)
     elif isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        us = _whole_us(value * 1_000_000, value, what)
+        us = value * 1_000_000
     elif isinstance(value, str) and (m := _DURATION.match(value)):
-        us = _whole_us(float(m.group(1)) * _UNITS_US[m.group(2)], value, what)
+        us = float(m.group(1)) * _UNITS_US[m.group(2)]  # inf for hundreds of digits
     else:
         raise QueryError(f"cannot read {what} {value!r}; write e.g. '10s', '500ms', '5m' or a timedelta")
     if abs(us) > MAX_DURATION_US:
         raise QueryError(f"{what} {value!r} is longer than {_show(MAX_DURATION_US)} (1,000 years), the longest "
                          "duration an event time can carry")
-    return us
+    return _whole_us(us, value, what)
 
 
 def _whole_us(us: float, value, what: str) -> int:

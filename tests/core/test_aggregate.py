@@ -407,3 +407,22 @@ def test_a_fire_does_not_wait_for_the_rows_of_later_windows():
     assert op.pending[0] == []
     op.process(0, batch(4, [1.7]))
     assert counts(op.advance(4, WM_END)) == [(S, 3)]
+
+
+def test_an_int64_sum_wraps_around_as_numpys_does_in_any_order():
+    """The documented rule: past int64's range an integer sum wraps (it stays order-free), as numpy's does."""
+    import numpy as np
+    values = [2**62, 2**62, 2**62, -5, 7]
+    want = int(np.array(values, np.int64).sum())
+    assert want < 0  # wrapped
+    for order in (values, values[::-1]):
+        q = cep.Query("q")
+        s = q.stream("ev", "ts timestamp, v int64")
+        q.output("o", s.aggregate(cep.TimeWindow("10s"), total=cep.sum("v"), mean=cep.avg("v")))
+        with cep.Engine.local(workers=0) as e:
+            e.deploy(q)
+            e.send("ev", pd.DataFrame({"ts": pd.to_datetime([1_000_000] * 5, unit="us"), "v": order}))
+            e.end("ev")
+            got = e.collect("o").to_pylist()
+        assert [r["total"] for r in got] == [want]
+        assert got[0]["mean"] == pytest.approx(sum(values) / 5)  # avg sums in float64: no wrap

@@ -109,3 +109,18 @@ def test_floats_sent_to_an_integer_field_name_the_row_in_the_way(values, words):
         assert str(err.value) == f"stream 'ev': field 'v' expects int64, got float64 {words}"
         e.send("ev", frame.astype({"v": "Int64"}) if None in values else frame.iloc[:2].astype({"v": "int64"}))
         assert e.collect("o").column("v").to_pylist() == ([10, 20, None, 40] if None in values else [10, 20])
+
+
+@pytest.mark.parametrize("field, values, words", [
+    ("string", [5, "b", "c"], "expects string, got int at row 0: 5"),
+    ("int64", [1, "x", 3], "expects int64, got str at row 1: 'x'"),
+])
+def test_an_object_column_of_mixed_types_names_the_value_in_the_way(field, values, words):
+    """[5, "b", "c"] into a string field said "Could not convert 'b' with type str: tried to convert to
+    int64": Arrow's guess from the first value, blaming a value that was right."""
+    frame = pd.DataFrame({"ts": np.repeat(T[:1], 3), "v": np.array(values, dtype=object)}, index=[7, 8, 9])
+    with cep.Engine.local(workers=0) as e:
+        e.deploy(passthrough(f"ts timestamp, v {field}"))
+        with pytest.raises(cep.InputError) as err:
+            e.send("ev", frame)
+        assert err.value.code == "TYPE" and str(err.value) == f"stream 'ev': field 'v' {words}"

@@ -16,6 +16,8 @@ CASES = [
     ("aggregate", lambda s: s.aggregate(cep.TimeWindow("10s"), byy=["ip"], n=cep.count()), "byy", "by"),
     ("aggregate late", lambda s: s.aggregate(cep.TimeWindow("10s"), by="ip", lat="x", n=cep.count()), "lat", "late"),
     ("aggregate name", lambda s: s.aggregate(cep.TimeWindow("10s"), nme="a", n=cep.count()), "nme", "name"),
+    ("aggregate window", lambda s: s.aggregate(windw=cep.TimeWindow("10s"), by="ip", n=cep.count()), "windw",
+     "window"),  # Python's TypeError about a missing 'window' named no typo
     ("join", lambda s: s.join(s, cep.TimeWindow("1s"), onn="ip"), "onn", "on"),
     ("join where", lambda s: s.join(s, cep.TimeWindow("1s"), on="ip", wher=cep.col("v_left") > 1), "wher", "where"),
     ("filter", lambda s: s.filter(cep.col("v") > 1, nam="x"), "nam", "name"),

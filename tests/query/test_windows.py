@@ -31,9 +31,12 @@ def test_bad_durations(bad):
 @pytest.mark.parametrize("make", [lambda: cep.TimeWindow(10**13), lambda: cep.TimeWindow("365001d"),
                                   lambda: cep.TimeWindow("1d", lateness=dt.timedelta(days=365_001)),
                                   lambda: cep.TimeWindow(10**30, advance=10**29),
+                                  lambda: cep.TimeWindow(1e303), lambda: cep.TimeWindow("9" * 400 + "s"),
+                                  lambda: cep.TimeWindow("1s", lateness=1e303),
                                   lambda: cep.Query("q").stream("s", "ts timestamp", max_ahead=np.int64(10**13))])
 def test_a_duration_past_1000_years_is_refused_where_the_query_is_written(make):
-    """A 10^13 s window was taken and its query failed at its first row (OverflowError in the operator)."""
+    """A 10^13 s window was taken and its query failed at its first row (OverflowError in the operator); one
+    whose microseconds overflow a float (1e303 s, 400 digits) raised a bare OverflowError."""
     with pytest.raises(cep.QueryError, match=r"is longer than 365000d \(1,000 years\)"):
         make()
     assert cep.TimeWindow("365000d").size_us == 365_000 * 86_400_000_000
