@@ -153,7 +153,7 @@ def bounded(kind, minimum, maximum=None):
         try:
             value = kind(text)
         except ValueError:
-            value = _whole(text) if kind is int else None
+            value = whole_number(text) if kind is int else None
             if value is None:
                 raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, "
                                                  f"got {text!r}") from None
@@ -164,7 +164,7 @@ def bounded(kind, minimum, maximum=None):
     return parse
 
 
-def _whole(text: str) -> int | None:
+def whole_number(text: str) -> int | None:
     """``text`` as an integer when it writes a whole number in float notation (``1e6``), else None."""
     try:
         f = float(text)

@@ -285,11 +285,11 @@ class Engine:
         if self.cluster is not None and self.cluster.asked:
             self.cluster.await_live(replicas, self.wait_workers_s)
 
-    def _reconfigured(self, dep) -> None:
+    def _reconfigured(self, dep, report: dict) -> None:
         """A migration of ``dep`` finished: a cluster's data path records its layout, which a replay after a
-        fail-over deploys."""
+        fail-over deploys, and its report, which the new primary's ``migrations()`` keep."""
         if self.journal is not None:
-            self.journal.reconfigured(dep)
+            self.journal.reconfigured(dep, report)
 
     def deployment(self, name: str) -> Deployed:
         """The deployed query ``name``: what :meth:`deploy` returned for it."""

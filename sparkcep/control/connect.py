@@ -37,7 +37,7 @@ from sparkcep.arguments import checked, function, seconds
 from sparkcep.control import tree
 from sparkcep.control.registry import RegistryError, open_registry
 from sparkcep.core.columns import SEQ
-from sparkcep.errors import EngineError, QueryError, SparkcepError
+from sparkcep.errors import EngineError, QueryError, SparkcepError, UnknownStreamError
 from sparkcep.gateway.client import EngineClient
 from sparkcep.gateway.deployed import ClientDeployed, options_to_wire
 from sparkcep.gateway.discovery import EngineNotFoundError
@@ -332,7 +332,8 @@ class ConnectedEngine:
         they arrive, on a thread of its own), through fail-overs of the data path; ``on_error(error)`` once
         if reading fails for good. ``cancel()`` the returned subscription to stop. A ``callback`` that
         raises ends its subscription (``on_error`` gets code ``SINK``, naming its error); the query, which
-        other clients may read, runs on."""
+        other clients may read, runs on. Undeploying the query ends its subscriptions quietly, as on an
+        engine in this process."""
         function(callback, "subscribe's callback")
         function(on_error, "subscribe's on_error", optional=True)
         stop = threading.Event()
@@ -362,6 +363,8 @@ class ConnectedEngine:
                     at.update(reached)
                     if failed is not None:  # its query failed: the rows it made before are out, then the error
                         raise EngineError(failed["message"], failed["code"])
+            except UnknownStreamError:
+                pass  # its query was undeployed: the subscription ends, as on an engine in this process
             except SparkcepError as e:
                 if on_error is not None and not stop.is_set():
                     on_error(e)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from sparkcep.arguments import whole_number
 from sparkcep.errors import QueryError, SparkcepError
 
 REPORT_KEYS = ("kind", "strategy", "bins", "bytes", "steps", "duration_s", "max_latency_ms", "p99_latency_ms",
@@ -89,7 +90,7 @@ def _assignment(args) -> dict[int, int]:
             if not eq:
                 raise QueryError(f"{args.file}, line {n}: {line.strip()!r} is not bin=instance", "BAD_BIN")
             to = _number(instance.strip(), f"{args.file}, line {n}: the instance", int, "BAD_INSTANCE")
-            out.update(dict.fromkeys(_bins([bins]), to))
+            _assign(out, _bins([bins]), [to], f"{args.file}, line {n}")
         if not out:
             raise QueryError(f"{args.file} names no bin: lines of bin=instance (or first-last=instance)", "BAD_BIN")
         return out
@@ -100,7 +101,17 @@ def _assignment(args) -> dict[int, int]:
     if len(to) not in (1, len(bins)):
         raise QueryError(f"--to gives {len(to)} instances for {len(bins)} bins: give one, or one per bin",
                          "BAD_INSTANCE")
-    return dict(zip(bins, to * len(bins) if len(to) == 1 else to))
+    return _assign({}, bins, to, "--bins/--to")
+
+
+def _assign(out: dict[int, int], bins: list[int], to: list[int], where: str) -> dict[int, int]:
+    """``out`` with each of ``bins`` going to its instance in ``to`` (one for all, or one each); a bin sent
+    to two instances is refused (BAD_BIN), naming ``where`` it came the second time."""
+    for b, instance in zip(bins, to * len(bins) if len(to) == 1 else to):
+        if out.setdefault(b, instance) != instance:
+            raise QueryError(f"{where}: bin {b} goes to instance {out[b]} and to instance {instance}: "
+                             "give each bin one instance", "BAD_BIN")
+    return out
 
 
 def _bins(words: list[str]) -> list[int]:
@@ -124,13 +135,16 @@ def _bins(words: list[str]) -> list[int]:
             raise QueryError(f"bin {b} of {part!r} is out of range: no operator has more than {MAX_BINS} bins "
                              f"(0-{MAX_BINS - 1})", "BAD_BIN")
         out.extend(range(a, b + 1))
-    return list(dict.fromkeys(out))
+    return out
 
 
 def _number(text: str, name: str, kind, code: str):
-    """``text`` as an int or a float, else QueryError ``code`` naming ``name``."""
+    """``text`` as an int (written ``1e3`` or ``2.0`` too, as every command's counts) or a float, else
+    QueryError ``code`` naming ``name``."""
     try:
         return kind(text)
     except ValueError:
+        if kind is int and (value := whole_number(text)) is not None:
+            return value
         what = "an integer" if kind is int else "a number"
         raise QueryError(f"{name} must be {what}, got {text!r}", code) from None

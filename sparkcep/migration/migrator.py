@@ -41,7 +41,7 @@ class Migrator:
 
     def __init__(self, replicas, lock, changes: threading.Lock, cluster=None):
         self.replicas, self.lock, self.changes, self.cluster = replicas, lock, changes, cluster
-        self.on_change = None  # called with the deployment once a migration changed its layout
+        self.on_change = None  # called with the deployment and the report once a migration changed its layout
         self.sides: list[set[int]] | None = None  # a replicated deployment's instance managers, per replica
         self.running: dict[str, Watch] = {}  # operator -> its migration under way
         self.reports: deque = deque(maxlen=HISTORY)
@@ -185,7 +185,7 @@ class Migrator:
                 del self.running[operator]
         self.reports.append(report)
         if self.on_change is not None:
-            self.on_change(self._first())
+            self.on_change(self._first(), report)
         log.info("query %s: %s of %s (%s): %d bins, %d bytes, %d steps in %.3f s, latency max %.1f ms",
                  report["query"], kind, operator, strategy, report["bins"], report["bytes"], report["steps"],
                  report["duration_s"], report["max_latency_ms"])

@@ -211,3 +211,29 @@ def test_a_deploy_with_the_workers_it_needs_does_not_warn_while_it_waits_to_spre
         assert not [r for r in caplog.records if "waiting for instance managers" in r.getMessage()], caplog.text
     finally:
         cluster.engine.undeploy("spread")
+
+
+def test_bins_and_counts_are_read_as_every_command_reads_them(tmp_path):
+    """A file sending bin 2 to instance 1 (``0-3=1``) and then to 0 (``2=0``) moved it to 0 without a word;
+    ``--bins 2 2 --to 1 0`` said "2 instances for 1 bins"; ``rescale ... 2.0`` was refused where ``deploy
+    --parallelism 2.0`` is taken."""
+    import argparse
+
+    from sparkcep.control.reconfigure import _assignment, _number
+
+    def assignment(text=None, bins=None, to=None):
+        if text is not None:
+            (tmp_path / "moves.txt").write_text(text)
+        return _assignment(argparse.Namespace(file=None if text is None else str(tmp_path / "moves.txt"),
+                                              bins=bins, to=to))
+    for call, says in [(lambda: assignment("0-3=1\n2=0\n"), "moves.txt, line 2: bin 2 goes to instance 1 and to "
+                                                            "instance 0"),
+                       (lambda: assignment(bins=["2", "2"], to=["1", "0"]), "--bins/--to: bin 2 goes to instance 1 "
+                                                                            "and to instance 0")]:
+        with pytest.raises(cep.QueryError) as e:
+            call()
+        assert e.value.code == "BAD_BIN" and str(e.value).endswith(f"{says}: give each bin one instance"), e.value
+    assert assignment("0-3=1\n2=1\n") == {0: 1, 1: 1, 2: 1, 3: 1}  # the same instance twice: no conflict
+    assert assignment(bins=["2", "2,3"], to=["1"]) == {2: 1, 3: 1}
+    assert assignment(bins=["2-3"], to=["1e0", "2.0"]) == {2: 1, 3: 2}
+    assert [_number(t, "N", int, "BAD_INSTANCE") for t in ("3", "3.0", "1e3")] == [3, 3, 1000]

@@ -253,3 +253,30 @@ def test_a_deployment_that_failed_fails_again_after_a_take_over():
     finally:
         second.close()
         standby.close()
+
+
+def test_the_migrations_history_and_the_layout_carry_over_a_take_over():
+    """After a fail-over the new primary had the layout but no report: ``migrations()`` said none had
+    finished, and the Prometheus series of migrations went away."""
+    standby = Standby()
+    first = primary(standby)
+    try:
+        dep = first.deploy(query(), parallelism=2, bins=16)
+        first.send("dq_in", batch(0))
+        dep.rescale("agg", 3)
+        dep.migrate("agg", {0: 2, 1: 2})
+        first.send("dq_in", batch(1))
+        before, owners = dep.migrations()["finished"], dep.bin_owners("agg")
+    finally:
+        first.journal.close()
+        first.close()
+    second = cep.Engine.local()
+    try:
+        replay(standby.backup, second)
+        after = second.deployment("dq")
+        assert [r["kind"] for r in before] == ["rescale", "migrate"]
+        assert after.migrations()["finished"] == before and after.bin_owners("agg") == owners
+        assert second.metrics()["migrations"]["dq"]["finished"] == before
+    finally:
+        second.close()
+        standby.close()

@@ -186,6 +186,8 @@ def _redeploy(engine, backup: Backup, e: dict, layout: dict | None):
     for op, owners in (layout or {}).get("owners", {}).items():
         for member in getattr(dep, "members", [dep]):
             member.configure(op, owners)
+    engine._deployed[query.name]._migrator.reports.extend(  # the migrations' history, as the primary had it
+        x["report"] for x in backup.entries if x["kind"] == "layout" and x["deployment"] == e["deployment"])
     for out, copy in backup.logs[e["deployment"]].items():
         engine.outputs[out].adopt(copy)
     return dep

@@ -93,10 +93,10 @@ class Journal:
             self.entries = forget(self.entries, gone)
             self._replicate({"kind": "undeploy", "query": name})
 
-    def reconfigured(self, dep) -> None:
-        """A migration changed ``dep``'s layout: a replay deploys the last one."""
+    def reconfigured(self, dep, report: dict) -> None:
+        """A migration changed ``dep``'s layout: a replay deploys the last one, and keeps every report."""
         self._input({"kind": "layout", "deployment": dep.id, "parallelism": dict(dep.parallelism),
-                     "owners": {op: t.owners.tolist() for op, t in dep.tables.items()}})
+                     "owners": {op: t.owners.tolist() for op, t in dep.tables.items()}, "report": report})
 
     def published(self, log_, epoch, parts) -> None:
         """Rows an output log takes (``(partition, stored batch or rows)``), before any reader sees them:
