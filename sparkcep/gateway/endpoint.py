@@ -440,8 +440,8 @@ class Endpoint:
     def snapshot(self) -> dict:
         """The engine's metrics with the endpoint's counters under ``"endpoint"``; on an engine host, its
         role under ``"role"`` (``taking-over``: its queries are not all replayed yet)."""
+        m = dict(self.engine.metrics())  # not under the lock: it waits for an instance manager that is slow
         with self.lock:
-            m = dict(self.engine.metrics())
             m["endpoint"] = dict(self.counters, staged_rows=self.staging.rows,
                                  retained_rows=sum(log_.retained for log_ in self.engine.outputs.values()))
         if self.role is not None:
@@ -455,7 +455,7 @@ class Endpoint:
             if now - self._last_sample[form] < (self.metrics_interval if interval is None else float(interval)):
                 return
             self._last_sample[form] = now
-            names, values = zip(*_flatten(series(self.snapshot())))
+        names, values = zip(*_flatten(series(self.snapshot())))
         stamp, log_ = int(now * 1e6), self.metrics_logs[form]
         rows = {"time": [stamp] * len(names), "name": names, "value": values} if form == "long" else \
             {"time": [stamp], "names": [names], "values": [values]}

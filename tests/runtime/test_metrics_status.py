@@ -128,6 +128,39 @@ def test_metrics_answer_while_a_send_waits_on_a_stopped_instance_manager(monkeyp
     assert len(sent) == 50  # and the send went on once it was back
 
 
+def test_sends_through_the_endpoint_go_on_while_metrics_wait_for_a_stopped_instance_manager(monkeypatch):
+    """The endpoint held its lock while metrics() waited for a stopped instance manager: every send through
+    it (Engine.connect's, Spark's), even to a query elsewhere, waited that long, and concurrent metrics
+    requests queued one after another (a cluster's metrics() took 18 s, not 10)."""
+    from sparkcep.gateway.client import EngineClient
+    monkeypatch.setattr("sparkcep.runtime.cluster.METRICS_TIMEOUT_S", 3.0)
+    with cep.Engine.local(workers=2) as engine:
+        q = cep.Query("one")
+        q.output("one_out", q.stream("m_in", "k string, ts timestamp, v int64").filter(cep.col("v") > 0))
+        engine.deploy(q)  # one instance
+        stopped = next(im for im in engine.instance_managers() if not im["instances"])  # not the query's
+        os.kill(stopped["pid"], signal.SIGSTOP)
+        took = {}
+
+        def timed(what, call):
+            with EngineClient(engine.endpoint.address, token=engine.token) as client:
+                t0 = time.monotonic()
+                call(client)
+                took[what] = time.monotonic() - t0
+        try:
+            waits = [threading.Thread(target=timed, args=(f"metrics {i}", lambda c: c.metrics())) for i in range(2)]
+            for t in waits:
+                t.start()
+            time.sleep(0.5)  # both wait for the stopped one
+            timed("send", lambda c: c.send("m_in", {"k": ["a"], "ts": pa.array([0], pa.timestamp("us")), "v": [2]}))
+            for t in waits:
+                t.join(30)
+        finally:
+            os.kill(stopped["pid"], signal.SIGCONT)
+    assert took["send"] < 1.0, took
+    assert 2.5 < took["metrics 0"] < 5 and 2.5 < took["metrics 1"] < 5, took  # side by side, not in turn
+
+
 def test_status_shows_a_running_local_engine(own_home):
     with cep.Engine.local(workers=2) as engine:
         engine.deploy(make(), parallelism=2)
