@@ -218,6 +218,17 @@ class ConnectedEngine:
             result, self.client = self.path.call(what, fn, self.client)
         return result
 
+    def _call_apart(self, what: str, fn):
+        """:meth:`_call` on a connection of its own: a call that may wait long (metrics wait up to 10 s for an
+        instance manager that does not answer) holds up no send or read of other threads meanwhile."""
+        self._check_open()
+        client = self.path.client()
+        try:
+            result, client = self.path.call(what, fn, client)
+            return result
+        finally:
+            client.close()
+
     # --- control: through the leading orchestrator -------------------------------------------
     @checked(QueryError)
     def deploy(self, query, parallelism=1, bins: int = 128, retain=True, balance: bool = False,
@@ -377,10 +388,10 @@ class ConnectedEngine:
         return subscription
 
     def metrics(self) -> dict:
-        return self._call("metrics", lambda c: c.metrics())
+        return self._call_apart("metrics", lambda c: c.metrics())
 
     def instance_managers(self) -> list[dict]:
-        return self._call("instance managers", lambda c: c.instance_managers())
+        return self._call_apart("instance managers", lambda c: c.instance_managers())
 
     def add_instance_manager(self, address: str) -> dict:
         """Not in a cluster: its instance managers join it themselves (``sparkcep worker --zk ...``)."""

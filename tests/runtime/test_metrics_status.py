@@ -161,6 +161,39 @@ def test_sends_through_the_endpoint_go_on_while_metrics_wait_for_a_stopped_insta
     assert 2.5 < took["metrics 0"] < 5 and 2.5 < took["metrics 1"] < 5, took  # side by side, not in turn
 
 
+def test_through_engine_connect_metrics_waiting_hold_up_no_send(zookeeper, monkeypatch):
+    """``Engine.connect`` made every call on one connection, one at a time: metrics() waiting 10 s for an
+    instance manager that did not answer held up the sends of other threads as long (9.5 s on a cluster).
+    The data path here is an engine of this process, named in the registry as an engine host is."""
+    from sparkcep.control import tree
+    from sparkcep.control.registry import open_registry
+    monkeypatch.setattr("sparkcep.runtime.cluster.METRICS_TIMEOUT_S", 3.0)
+    with cep.Engine.local(workers=2) as engine:
+        q = cep.Query("one")
+        q.output("one_out", q.stream("m_in", "k string, ts timestamp, v int64").filter(cep.col("v") > 0))
+        engine.deploy(q)
+        root = f"/connect{os.getpid()}"
+        registry = open_registry(f"zk://{zookeeper}{root}", token=engine.token)
+        try:
+            registry.create(tree.ENGINE, {"name": "here", "address": engine.endpoint.address}, ephemeral=True)
+            with cep.Engine.connect(f"zk://{zookeeper}{root}", token=engine.token) as client:
+                stopped = next(im for im in engine.instance_managers() if not im["instances"])
+                os.kill(stopped["pid"], signal.SIGSTOP)
+                try:
+                    waiting = threading.Thread(target=client.metrics)
+                    waiting.start()
+                    time.sleep(0.5)
+                    t0 = time.monotonic()
+                    client.send("m_in", {"k": ["a"], "ts": pa.array([0], pa.timestamp("us")), "v": [2]})
+                    took = time.monotonic() - t0
+                    waiting.join(30)
+                finally:
+                    os.kill(stopped["pid"], signal.SIGCONT)
+        finally:
+            registry.close()
+    assert took < 1.0, took
+
+
 def test_status_shows_a_running_local_engine(own_home):
     with cep.Engine.local(workers=2) as engine:
         engine.deploy(make(), parallelism=2)
