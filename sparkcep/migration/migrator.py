@@ -20,7 +20,7 @@ import threading
 from collections import deque
 
 from sparkcep.arguments import did_you_mean, integer
-from sparkcep.errors import EngineError, QueryError
+from sparkcep.errors import EngineError, QueryError, SparkcepError
 from sparkcep.migration import plan
 from sparkcep.migration.megaphone import migrate_bins
 from sparkcep.migration.report import Watch
@@ -180,6 +180,9 @@ class Migrator:
                 watch.restart()
                 body(watch)
             report = watch.report()
+        except SparkcepError as e:  # kept with what it did: bins may have moved before it failed
+            self.reports.append(watch.report(error=e))
+            raise
         finally:
             with self._busy:
                 del self.running[operator]

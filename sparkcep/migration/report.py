@@ -33,14 +33,15 @@ class Watch:
         self.t0 = time.monotonic_ns()
         self.first_epoch = self._epoch()
 
-    def report(self) -> dict:
-        """The report of the migration, which ended now (waits for the epochs it covers to be out).
+    def report(self, error=None) -> dict:
+        """The report of the migration, which ended now (waits for the epochs it covers to be out); one
+        that failed with ``error`` says so under ``"error"``, with what it did before (waits for nothing).
 
         An epoch's latency is the output's: with replicas, that of the one that delivered it first
         (a replica paused meanwhile makes no latency the readers saw)."""
         t1 = time.monotonic_ns()
         last_epoch = self._epoch() - 1
-        deadline = time.monotonic() + SETTLE_S
+        deadline = time.monotonic() + (0 if error is not None else SETTLE_S)
         while time.monotonic() < deadline and (reps := [d for d in self.replicas() if d.error is None and not d.closed]) \
                 and max(d.sink.done_epoch for d in reps) < last_epoch:
             time.sleep(0.002)
@@ -55,7 +56,8 @@ class Watch:
                 "duration_s": round((t1 - self.t0) / 1e9, 6),
                 "max_latency_ms": round(float(lat.max()), 3) if lat.size else 0.0,
                 "p99_latency_ms": round(float(np.percentile(lat, 99)), 3) if lat.size else 0.0,
-                "latency_epochs": int(lat.size), "finished": time.time()}
+                "latency_epochs": int(lat.size), "finished": time.time(),
+                **({} if error is None else {"error": f"{error} [{getattr(error, 'code', type(error).__name__)}]"})}
 
     def _epoch(self) -> int:
         """The next epoch (send) the deployment takes."""

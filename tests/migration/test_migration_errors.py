@@ -198,7 +198,8 @@ def test_a_second_migration_of_an_operator_while_one_runs_is_refused(running):
 def test_a_migration_under_way_stops_with_undeployed_when_its_query_is_undeployed(running):
     """``undeploy`` while a slow fluid migration runs in a thread: the migration raises EngineError
     UNDEPLOYED at once (it used to wait 120 s for state that could not come, or fail with a TypeError
-    from a released ring); no instance is left, and the query deploys again and runs as before."""
+    from a released ring), and its report says so; no instance is left, and the query deploys again and
+    runs as before."""
     engine, dep = running
     moving = {b: 1 - o for b, o in enumerate(dep.bin_owners("agg"))}
     t = InThread(lambda: dep.migrate("agg", moving, strategy="fluid", gap_ms=10))
@@ -219,7 +220,11 @@ def test_a_migration_under_way_stops_with_undeployed_when_its_query_is_undeploye
         with pytest.raises(EngineError, match="query 'errs' is undeployed") as e:
             call()
         assert e.value.code == "UNDEPLOYED"
-    assert len(dep.migrations()["finished"]) == 0
+    # the interrupted migration is in the history, with its error and the bins it moved before; a failed one
+    # left no trace (WORKER_DIED too), though its bins had moved
+    (interrupted,) = dep.migrations()["finished"]
+    assert interrupted["kind"] == "migrate" and interrupted["error"].endswith("[UNDEPLOYED]"), interrupted
+    assert interrupted["bins"] >= 3
     assert dep.replicas() == [{"replica": 0, "state": "undeployed", "instance_managers": []}]
     dep = engine.deploy(query(), parallelism=2, bins=BINS)
     finish(engine, dep, sent=0)
