@@ -80,6 +80,7 @@ class Migrator:
             for d in moving:
                 placement = None if target is None else {**d.assignment, (sq, instance): target}
                 switch(d, self.lock, d.parallelism, placement, watch)
+            watch.steps += 1
             watch.bins = len(_held(dep, operator, instance))
         return self._run(operator, "move", "state-transfer", run)
 
@@ -130,10 +131,12 @@ class Migrator:
             n = reps[0].parallelism[sq]
             if instances > n:  # new instances first, holding nothing; then bins move to them
                 reps = self._each(reps, grow)
+                watch.steps += 1  # one step for every replica
             new = plan.even_owners(reps[0].bin_owners(operator), instances)
             self._bins(operator, new, strategy, batch, gap_s, watch)
             if instances < n:
                 self._each(self.replicas(), shrink)
+                watch.steps += 1
         return self._run(operator, "rescale", strategy, run)
 
     # --- helpers --------------------------------------------------------------------

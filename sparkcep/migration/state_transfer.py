@@ -48,7 +48,8 @@ def handoff_records(dep, gen):
 
 def switch(dep, lock, parallelism: dict[str, int], placement, watch) -> None:
     """Run ``dep`` (one replica) from the next epoch on as a new generation with ``parallelism`` and
-    ``placement`` ({endpoint: instance manager index}, None in-process); returns once it took over."""
+    ``placement`` ({endpoint: instance manager index}, None in-process); returns once it took over. The
+    caller counts the step, once for all the replicas it switches."""
     gen = dep.prepare(parallelism, placement)
     try:
         with lock:
@@ -61,5 +62,4 @@ def switch(dep, lock, parallelism: dict[str, int], placement, watch) -> None:
             gen.close()
         raise
     watch.bytes += dep.await_handoffs(tickets)
-    watch.steps += 1
     dep.await_retired()

@@ -142,7 +142,11 @@ def test_two_replicas_give_every_row_once_and_rescale_together(api):
         if api.kind != "workers0":  # on disjoint instance managers
             assert not set(replicas[0]["instance_managers"]) & set(replicas[1]["instance_managers"]), replicas
         d.send()
-        assert d.dep.rescale("agg", np.int64(3))["bins"] > 0 and d.dep.parallelism["SQ2"] == 3
+        report = d.dep.rescale("agg", np.int64(3))
+        assert report["bins"] == BINS // 3 and d.dep.parallelism["SQ2"] == 3
+        # the new generation, then a batch of bins from each old instance: the replicas switch together
+        # (each replica's switch was counted: 4)
+        assert report["steps"] == 3, report
         d.send("numpy")
         d.end_and_check()
 
