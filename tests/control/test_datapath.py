@@ -10,6 +10,8 @@ over; an aborted send leaves no trace.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import pyarrow as pa
@@ -74,6 +76,26 @@ def primary(standby: Standby):
     journal.attach("standby", standby.engine.endpoint.address)
     journal.mark_recorded("standby")
     return engine
+
+
+@contextlib.contextmanager
+def taken_over(before):
+    """``before(primary)`` on a primary with a standby, then the primary gone: yields the engine the standby's
+    copy was replayed into, closed after."""
+    standby = Standby()
+    first = primary(standby)
+    try:
+        before(first)
+    finally:
+        first.journal.close()
+        first.close()
+    second = cep.Engine.local()
+    try:
+        replay(standby.backup, second)
+        yield second
+    finally:
+        second.close()
+        standby.close()
 
 
 @settings(max_examples=12)
@@ -234,49 +256,31 @@ def test_a_deployment_that_failed_fails_again_after_a_take_over():
     """A replicas=1 query failed (WORKER_DIED) on the primary came back running after a take-over: the
     replay deployed it on live workers again and nothing said it had failed. It is failed again, with its
     error, and refuses sends as before."""
-    standby = Standby()
-    first = primary(standby)
-    try:
+    def before(first):
         first.deploy(query())
         first.send("dq_in", batch(0))
         first.deployments["dq"].fail(cep.EngineError("instance manager w1 is gone", "WORKER_DIED"))
-    finally:
-        first.journal.close()
-        first.close()
-    second = cep.Engine.local()
-    try:
-        replay(standby.backup, second)
+    with taken_over(before) as second:
         assert [r["state"] for r in second.deployment("dq").replicas()] == ["failed"]
         with pytest.raises(cep.EngineError, match="instance manager w1 is gone") as e:
             second.send("dq_in", batch(1))
         assert e.value.code == "WORKER_DIED"
-    finally:
-        second.close()
-        standby.close()
 
 
 def test_the_migrations_history_and_the_layout_carry_over_a_take_over():
     """After a fail-over the new primary had the layout but no report: ``migrations()`` said none had
     finished, and the Prometheus series of migrations went away."""
-    standby = Standby()
-    first = primary(standby)
-    try:
+    seen = {}
+
+    def before(first):
         dep = first.deploy(query(), parallelism=2, bins=16)
         first.send("dq_in", batch(0))
         dep.rescale("agg", 3)
         dep.migrate("agg", {0: 2, 1: 2})
         first.send("dq_in", batch(1))
-        before, owners = dep.migrations()["finished"], dep.bin_owners("agg")
-    finally:
-        first.journal.close()
-        first.close()
-    second = cep.Engine.local()
-    try:
-        replay(standby.backup, second)
+        seen.update(reports=dep.migrations()["finished"], owners=dep.bin_owners("agg"))
+    with taken_over(before) as second:
         after = second.deployment("dq")
-        assert [r["kind"] for r in before] == ["rescale", "migrate"]
-        assert after.migrations()["finished"] == before and after.bin_owners("agg") == owners
-        assert second.metrics()["migrations"]["dq"]["finished"] == before
-    finally:
-        second.close()
-        standby.close()
+        assert [r["kind"] for r in seen["reports"]] == ["rescale", "migrate"]
+        assert after.migrations()["finished"] == seen["reports"] and after.bin_owners("agg") == seen["owners"]
+        assert second.metrics()["migrations"]["dq"]["finished"] == seen["reports"]
