@@ -52,23 +52,42 @@ def api(request, tmp_path_factory):
         stop(processes)
 
 
-@pytest.fixture(scope="module")
+_stops: list = []  # how to stop the directory's cluster, once its last test ran
+
+
+@pytest.fixture(scope="session")
 def cluster(zookeeper, tmp_path_factory):
-    """The ``cluster`` kind: an orchestrator and two workers joining a fresh root of the session's ZooKeeper."""
+    """The ``cluster`` kind: an orchestrator and two workers joining a fresh root of the session's ZooKeeper,
+    shared by this directory's modules (its start is seconds) and stopped after its last test."""
     home = tmp_path_factory.mktemp("api-cluster")
     token_file, log = home / "token", home / "stderr.log"
     auth.write(token_file, auth.generate())
     zk = f"{zookeeper}/api{uuid.uuid4().hex[:8]}"
     processes = [start("orchestrator", "--zk", zk, "--name", "o1", "--token-file", str(token_file), log=log)]
-    engine = None
+    engines = []
+
+    def stop_all():
+        for engine in engines:
+            engine.close()
+        stop(processes)
+    _stops.append(stop_all)
     try:
         workers, _ = start_workers(*(["--zk", zk, "--name", f"w{i + 1}", "--cpus", str(i), "--listen", "127.0.0.1:0",
                                       "--token-file", str(token_file)] for i in range(2)), log=log)
         processes += workers
-        engine = cep.Engine.connect(f"zk://{zk}", token_file=str(token_file))
+        engines.append(engine := cep.Engine.connect(f"zk://{zk}", token_file=str(token_file)))
         wait(lambda: len(engine.instance_managers()) == 2, "the cluster's engine host to adopt both workers")
         yield Api("cluster", engine, zk, str(token_file))
     finally:
-        if engine is not None:
-            engine.close()
-        stop(processes)
+        _stop_cluster()
+
+
+def _stop_cluster() -> None:
+    while _stops:
+        _stops.pop()()
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """The cluster stops with the directory's last test, not at the end of the whole run."""
+    if nextitem is None or nextitem.path.parent != item.path.parent:
+        _stop_cluster()
