@@ -217,8 +217,12 @@ class Balancer:
         capacity = {i: (max(c) if i == dst else c[-1]) for i, c in last.items() if c}
         if len(capacity) == 2:  # the bins of the two in proportion to what each can take
             keep = int((held + dst_held) * capacity[src] / (capacity[src] + capacity[dst]))
-            how = (f"{op}[{src}] could take {capacity[src]:,.0f} rows/s, {op}[{dst}] {capacity[dst]:,.0f}, so "
-                   f"{op}[{src}] keeps {min(keep, held)} of their {held + dst_held} bins")
+            rates = f"{op}[{src}] could take {capacity[src]:,.0f} rows/s, {op}[{dst}] {capacity[dst]:,.0f}"
+            if keep < held:
+                how = f"{rates}, so {op}[{src}] keeps {keep} of their {held + dst_held} bins"
+            else:  # rows are not spread evenly over the bins: the saturated one's carry more (skewed keys)
+                how = (f"{rates}, so {op}[{src}] would keep {keep} of their {held + dst_held} bins, as many as it "
+                       f"holds or more: its bins carry more rows than the other's (skewed keys), and one moves")
         else:  # no rates yet (a new generation): the share that evens the two out
             share = gap / (2 * self.load[dep.assignment[(sq, src)]])
             keep = held - int(held * share)

@@ -321,3 +321,22 @@ def test_a_new_instance_manager_gets_a_share_of_the_bins(tmp_path):
     assert [owners.count(i) for i in range(3)] == [1366, 1365, 1365]  # an even share each
     assert decisions[0]["report"]["bins"] == 1365
     same_rows(out, reference(data, sends, "2s"))
+
+
+def test_a_saturated_instance_whose_bins_carry_more_rows_is_told_so():
+    """With skewed keys the saturated instance could take more rows/s than the idle one, so by their rates it
+    would keep more bins than it holds; one bin moves anyway, and the reason said "agg[1] keeps 32 of their
+    64 bins: 1 of the 32 bins of agg[1] go to agg[0]". (Rates as a run with 80 % of the rows on one key gave.)"""
+    from collections import deque
+    from types import SimpleNamespace
+
+    from sparkcep.migration.balancer import Balancer
+    balancer = Balancer.__new__(Balancer)
+    dep = SimpleNamespace(assignment={("SQ1", 0): 0, ("SQ1", 1): 1}, gen=SimpleNamespace(wire="w"))
+    balancer._capacity = {(1, "w", ("SQ1", 1)): deque([140_516.0]), (0, "w", ("SQ1", 0)): deque([55_546.0])}
+    n, how = balancer._how_many(dep, "SQ1", "agg", src=1, dst=0, held=32, dst_held=32, gap=0.56)
+    assert n == 1 and how.endswith("agg[1] would keep 45 of their 64 bins, as many as it holds or more: its bins "
+                                   "carry more rows than the other's (skewed keys), and one moves"), how
+    balancer._capacity[(0, "w", ("SQ1", 0))] = deque([421_548.0])  # three times the saturated one's
+    n, how = balancer._how_many(dep, "SQ1", "agg", src=1, dst=0, held=32, dst_held=32, gap=0.56)
+    assert n == 16 and how.endswith("so agg[1] keeps 16 of their 64 bins"), (n, how)
