@@ -102,8 +102,13 @@ class SourceOptions:
         if not stream:
             raise SparkSourceError("option 'stream' is required: .option('stream', '<engine stream name>')",
                                    "OPTION")
-        if "form" in opts and stream != METRICS:
-            raise SparkSourceError(f"option form applies to stream {METRICS} only, not {stream!r}", "OPTION")
+        for key, name in (("form", "form"), ("metricsinterval", "metricsInterval")):
+            if key in opts and stream != METRICS:
+                raise SparkSourceError(f"option {name} applies to stream {METRICS} only, not {stream!r}", "OPTION")
+        for key, name in (("engine", "engine"), ("tokenfile", "tokenFile"), ("consumer", "consumer")):
+            if key in opts and not str(opts[key]).strip():  # an empty shell variable: not the default, silently
+                raise SparkSourceError(f"option {name} is empty: leave it out for the default, or give a value",
+                                       "OPTION")
         return cls(engine=opts.get("engine") or None, stream=stream, token_file=opts.get("tokenfile") or None,
                    starting=_starting(opts.get("startingoffsets", "earliest")),
                    max_records=_positive(opts, "maxRecordsPerTrigger", None),

@@ -41,6 +41,17 @@ def test_a_metrics_interval_below_a_tenth_of_a_second_is_refused(interval):
     assert SourceOptions.parse({"stream": "$metrics", "metricsInterval": "0.1"}).metrics_interval == 0.1
 
 
+@pytest.mark.parametrize("option, says", [
+    (("metricsInterval", "5"), "option metricsInterval applies to stream $metrics only, not 'o'"),
+    (("form", "wide"), "option form applies to stream $metrics only, not 'o'"),
+    (("consumer", ""), "option consumer is empty"), (("engine", " "), "option engine is empty"),
+    (("tokenFile", ""), "option tokenFile is empty")])
+def test_an_option_that_would_do_nothing_is_refused(option, says):
+    """metricsInterval on an output was taken and did nothing (form was refused); an empty consumer, engine or
+    tokenFile (an unset shell variable) was taken as the default."""
+    assert says in refused("OPTION", SourceOptions.parse, {"stream": "o", option[0]: option[1]})
+
+
 def test_a_digit_of_another_script_is_no_number():
     """An Arabic-Indic three was taken as 3 where '+5' is refused."""
     assert "option rowsPerPartition=" in refused("OPTION", SourceOptions.parse,
