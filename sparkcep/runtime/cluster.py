@@ -36,7 +36,8 @@ from sparkcep.runtime.placement import Slot, im_slots
 from sparkcep.runtime.process import reclaim, shared_dir
 from sparkcep.runtime.topology import Topology
 from sparkcep.runtime.wiring import host_key
-from sparkcep.runtime.worker_start import TELL_EVERY_S, Starting, start_worker, wait_ready
+from sparkcep.runtime.template import ForkedWorker, fork_worker
+from sparkcep.runtime.worker_start import TELL_EVERY_S, Starting, wait_ready
 
 log = logging.getLogger("sparkcep")
 
@@ -54,7 +55,7 @@ class InstanceManagerLink:
     info: cmd.IMInfo
     sock: socket.socket
     slot: Slot
-    process: subprocess.Popen | None = None  # when this engine started it
+    process: ForkedWorker | None = None  # when this engine started it
     standby: bool = False  # kept free to rebuild lost replicas
     reader: cmd.RecordReader = field(init=False)
     send_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -109,9 +110,10 @@ class Cluster:
         ``standby`` more kept free to rebuild the instances of lost replicas."""
         self.asked = True
         slots = [Slot(len(self.ims) + s.index, s.cpu, s.node) for s in im_slots(self.machine, n + standby)]
-        procs = [(slot, start_worker(f"im-{slot.index}", slot.cpu, f"{ENGINE_HOST}:0", self.token_file))
-                 for slot in slots]
+        procs = []
         try:
+            for slot in slots:
+                procs.append((slot, fork_worker(f"im-{slot.index}", slot.cpu, f"{ENGINE_HOST}:0", self.token_file)))
             infos = wait_ready([Starting(proc, f"instance manager im-{slot.index} (cpu {slot.cpu})")
                                 for slot, proc in procs])
             for k, ((slot, proc), info) in enumerate(zip(procs, infos)):

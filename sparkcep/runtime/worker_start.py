@@ -40,21 +40,33 @@ def start_worker(name: str, cpu: int, listen: str, token_file: str, zk: str | No
 
     It imports what this process imports (the same sparkcep, and the modules
     of the query's functions), gets SIGTERM when this process dies, and
-    prints its READY line on the pipe :func:`wait_ready` reads. The engine and
-    the Spark executor launcher start their instance managers so.
+    prints its READY line on the pipe :func:`wait_ready` reads. The Spark
+    executor launcher starts its instance managers so; an engine forks its own
+    from a template (:mod:`sparkcep.runtime.template`).
     """
+    return subprocess.Popen([sys.executable, "-m", "sparkcep", "worker", *worker_args(name, cpu, listen, token_file, zk)],
+                            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=worker_env(),
+                            preexec_fn=die_with_parent)
+
+
+def worker_args(name: str, cpu: int, listen: str, token_file: str, zk: str | None = None) -> list[str]:
+    """The arguments of ``sparkcep worker`` for :func:`start_worker`."""
+    return ["--listen", listen, "--cpus", str(cpu), "--name", name, "--token-file", token_file,
+            *(["--zk", zk] if zk else ["--once"])]
+
+
+def worker_env() -> dict[str, str]:
+    """This process's environment, with a ``PYTHONPATH`` that finds this sparkcep and the modules this
+    process imports."""
     root = os.path.dirname(os.path.dirname(sparkcep.__file__))
     paths = [root] + [p for p in sys.path if p and os.path.isdir(p)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
-    cmd_line = [sys.executable, "-m", "sparkcep", "worker", "--listen", listen, "--cpus", str(cpu),
-                "--name", name, "--token-file", token_file, *(["--zk", zk] if zk else ["--once"])]
-    return subprocess.Popen(cmd_line, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env,
-                            preexec_fn=_die_with_parent)
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
 
 
-def _die_with_parent() -> None:
-    """In a started instance manager, before exec: SIGTERM when the process that started it dies (Linux);
-    Ctrl-C ignored (it reaches the whole process group: the process that started the worker stops it)."""
+def die_with_parent() -> None:
+    """In a started instance manager, before it runs: SIGTERM when the process that started it dies
+    (Linux); Ctrl-C ignored (it reaches the whole process group: the process that started the worker
+    stops it)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         import ctypes

@@ -54,6 +54,7 @@ def test_a_killed_instance_manager_fails_its_deployment_with_a_clear_error():
         assert err.code == "WORKER_DIED"
         text = str(err)
         assert "instance manager im-1" in text and f"pid {victim['pid']}" in text and "query fq" in text
+        assert "died with exit code -9" in text, text
         assert "SQ1[1]" in text and "SQ2[1]" in text, text
         assert dep.error is err
         with pytest.raises(cep.EngineError, match="instance manager im-1"):
@@ -101,8 +102,10 @@ def test_workers_stop_by_themselves_when_the_engine_process_dies(tmp_path):
         import json, os, signal, sys
         sys.path.insert(0, {os.path.dirname(os.path.dirname(cep.__file__))!r})
         import sparkcep as cep
+        import psutil
         e = cep.Engine.local(workers=2)
-        print(json.dumps([im["pid"] for im in e.instance_managers()]), flush=True)
+        ims = [im["pid"] for im in e.instance_managers()]
+        print(json.dumps(ims + [psutil.Process(ims[0]).ppid()]), flush=True)  # and the template they came from
         os.kill(os.getpid(), signal.SIGKILL)
     """)
     env = dict(os.environ, SPARKCEP_HOME=str(tmp_path))
