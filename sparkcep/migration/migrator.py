@@ -74,14 +74,16 @@ class Migrator:
                                   f"moving instance {instance} of {operator!r} (a new generation of query "
                                   f"{dep.query.name!r})")
 
-        moving = self._replicas_on(target)
+        moving = [d for d in self._replicas_on(target)
+                  if target is None or d.assignment[(sq, instance)] != target]  # one already there stays
 
         def run(watch):
             for d in moving:
                 placement = None if target is None else {**d.assignment, (sq, instance): target}
                 switch(d, self.lock, d.parallelism, placement, watch)
-            watch.steps += 1
-            watch.bins = len(_held(dep, operator, instance))
+            if moving:
+                watch.steps += 1
+                watch.bins = len(_held(dep, operator, instance))
         return self._run(operator, "move", "state-transfer", run)
 
     def _replicas_on(self, target: int | None) -> list:

@@ -210,3 +210,25 @@ def test_a_rescale_down_whose_dropped_instance_holds_no_bin_moves_none():
     sent = pd.concat([pd.DataFrame(b).assign(w=i) for i, b in enumerate(rows)])
     want = sent.groupby(["w", "k"]).v.agg(["count", "sum"]).reset_index()
     assert got == sorted(map(tuple, want.to_numpy().tolist()))
+
+
+def test_a_move_to_the_instance_manager_the_instance_runs_on_moves_nothing(worker_engines):
+    """It switched a new generation and reported every bin of the instance moved (64 bins, 1 step, 0 bytes)."""
+    engine = worker_engines(2)
+    q = cep.Query("stay_put")
+    s = q.stream("sp_in", "k int64, ts timestamp, v int64")
+    q.output("sp_out", s.aggregate(cep.TimeWindow("1s"), by="k", name="agg", n=cep.count()))
+    dep = engine.deploy(q, parallelism=2)
+    try:
+        engine.send("sp_in", {"k": np.arange(40) % 7, "ts": np.zeros(40, "datetime64[ms]"), "v": np.arange(40)})
+        here = [im["name"] for im in engine.instance_managers() if "stay_put.SQ1[0]" in im["instances"]]
+        wire = dep.gen.wire
+        report = dep.move("agg", instance=0, to=here[0])
+        assert (report["bins"], report["steps"]) == (0, 0), report
+        assert dep.gen.wire == wire
+        engine.send("sp_in", {"k": np.arange(40) % 7, "ts": np.zeros(40, "datetime64[ms]"), "v": np.arange(40)})
+        engine.end("sp_in")
+        got = sorted((r["k"], r["n"]) for r in engine.collect("sp_out", timeout=60).to_pylist())
+        assert got == sorted((k, int((np.arange(40) % 7 == k).sum()) * 2) for k in range(7))
+    finally:
+        engine.undeploy("stay_put")
