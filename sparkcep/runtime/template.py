@@ -37,6 +37,7 @@ import traceback
 from sparkcep.errors import EngineError
 from sparkcep.runtime.worker_start import Starting, die_with_parent, wait_ready, worker_args, worker_env
 
+FORK_ANSWER_S = 10.0  # a template answers a fork at once; one that does not is stopped
 _lock = threading.Lock()  # one request at a time on the control socket; one start of the template
 _template: Template | None = None
 
@@ -58,10 +59,10 @@ def fork_worker(name: str, cpu: int, listen: str, token_file: str) -> ForkedWork
             try:
                 return _template.fork(worker_args(name, cpu, listen, token_file))
             except OSError:  # it ended between the look and the request: start another once
+                if _template.alive() or attempt == 2:
+                    raise
                 _template.close()
                 _template = None
-                if attempt == 2:
-                    raise
 
 
 class Template:
@@ -77,7 +78,7 @@ class Template:
                 preexec_fn=_ignore_ctrl_c)
         finally:
             theirs.close()
-        self.control = ours
+        self.control, self._requests = ours, 0
         try:
             wait_ready([Starting(self.process, f"the instance-manager template (pid {self.process.pid})")])
         except BaseException:
@@ -88,12 +89,26 @@ class Template:
         return self.process.poll() is None
 
     def fork(self, argv: list[str]) -> ForkedWorker:
-        request = {"argv": argv, "env": dict(os.environ), "path": sys.path, "cwd": os.getcwd()}
+        self._requests += 1
+        request = {"id": self._requests, "argv": argv, "env": dict(os.environ), "path": sys.path, "cwd": os.getcwd()}
         out_r, out_w = os.pipe()
         status_r, status_w = os.pipe()
+        self.control.settimeout(FORK_ANSWER_S)
         try:
             socket.send_fds(self.control, [json.dumps(request).encode()], [out_w, status_w])
-            answer = self.control.recv(4096)
+            while True:
+                answer = self.control.recv(4096)
+                if not answer:
+                    raise ConnectionResetError(f"the instance-manager template (pid {self.process.pid}) exited")
+                answer = json.loads(answer)
+                if answer["id"] == request["id"]:  # not the answer to one that timed out before
+                    break
+        except socket.timeout:
+            os.close(out_r)
+            os.close(status_r)
+            raise EngineError(f"the instance-manager template (pid {self.process.pid}), which forks this "
+                              f"process's instance managers, did not answer within {FORK_ANSWER_S:.0f} s: is it "
+                              "stopped (SIGSTOP)?", "WORKER_STUCK") from None
         except BaseException:
             os.close(out_r)
             os.close(status_r)
@@ -101,11 +116,7 @@ class Template:
         finally:
             os.close(out_w)
             os.close(status_w)
-        if not answer:
-            os.close(out_r)
-            os.close(status_r)
-            raise ConnectionResetError(f"the instance-manager template (pid {self.process.pid}) exited")
-        return ForkedWorker(json.loads(answer)["pid"], os.fdopen(out_r, "rb", buffering=0), status_r)
+        return ForkedWorker(answer["pid"], os.fdopen(out_r, "rb", buffering=0), status_r)
 
     def close(self) -> None:
         self.control.close()  # it exits when it reads the end
@@ -200,12 +211,13 @@ def main(control_fd: int) -> int:
             if not message:
                 return 0  # the process that started it is gone; the forks get SIGTERM as it exits
             out_fd, status_fd = fds
+            request = json.loads(message)
             pid = os.fork()
             if pid == 0:
-                _run_fork(json.loads(message), out_fd, [control.fileno(), wake_r, wake_w, *statuses.values()])
+                _run_fork(request, out_fd, [control.fileno(), wake_r, wake_w, *statuses.values()])
             os.close(out_fd)
             statuses[pid] = status_fd
-            control.send(json.dumps({"pid": pid}).encode())
+            control.send(json.dumps({"id": request["id"], "pid": pid}).encode())
 
 
 def _reap(statuses: dict[int, int]) -> None:

@@ -3,11 +3,13 @@ process that loaded the kernels once; a fork runs with the environment and ``sys
 outlives the thread that asked for it, and ends with the template, which the engine then names."""
 
 import json
+import signal
 import os
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import psutil
 
@@ -120,3 +122,33 @@ def test_an_engine_started_in_a_thread_that_ended_keeps_its_instance_managers():
         engine.end("th_in")
         assert sorted(engine.collect("th_out").column("v").to_pylist()) == [1, 2, 3]
         assert all(im["alive"] for im in engine.instance_managers())
+
+
+def test_a_stopped_template_is_named_and_a_fork_after_it_resumes_is_its_own(monkeypatch):
+    """SIGSTOP of the template: an engine's start says so within the limit instead of hanging, and once it
+    resumes, the answer to the fork that timed out is not taken for the next one's."""
+    from sparkcep.runtime import template
+    cep.Engine.local(workers=1).close()
+    monkeypatch.setattr(template, "FORK_ANSWER_S", 1.0)
+    stopped = template._template.process.pid
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        try:
+            cep.Engine.local(workers=1)
+        except cep.EngineError as e:
+            assert e.code == "WORKER_STUCK" and f"pid {stopped}" in str(e) and "SIGSTOP" in str(e), e
+        else:
+            raise AssertionError("an engine started with its template stopped")
+        assert time.monotonic() - started < 10
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+    with cep.Engine.local(workers=2) as engine:
+        q = cep.Query("resumed")
+        q.output("r_out", q.stream("r_in", "v int64"))
+        engine.deploy(q, parallelism=2)
+        engine.send("r_in", {"v": [1, 2, 3]})
+        engine.end("r_in")
+        assert sorted(engine.collect("r_out").column("v").to_pylist()) == [1, 2, 3]
+        pids = [im["pid"] for im in engine.instance_managers()]
+        assert len(set(pids)) == 2 and all(parent(pid).pid == stopped for pid in pids)
