@@ -23,6 +23,8 @@ Asserted: they stop within seconds.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
@@ -104,6 +106,31 @@ def test_the_last_orchestrator_stops_the_engine_hosts_right_after_the_leader_was
         assert cluster.procs[last].wait(STOPS_S) == 0
         try:
             wait(lambda: not cluster.engine_host_pids() & hosts, "the engine hosts to stop", timeout=STOPS_S)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{cluster.story(20)}") from None
+    finally:
+        left = cluster.stop()
+    assert not left["processes"] and not left["shm"], left
+
+
+def test_the_last_orchestrator_stops_an_engine_host_it_started_that_has_not_registered_yet(tmp_path):
+    """Stopped while a replacement engine host was starting, the last orchestrator told the registered ones
+    to stop; the starting one registered after, founded a data path of its own and ran on for 60 s."""
+    cluster = Cluster(tmp_path, workers=0)
+    try:
+        wait(lambda: whole(cluster), "three engine hosts", timeout=SETTLE_S, every=0.2)
+        hosts = cluster.engine_host_pids()
+        spare = next(d for n in cluster.registry.children(tree.HOSTS)
+                     if (d := cluster.host(n)) and d.get("role") == "spare")
+        os.kill(spare["pid"], signal.SIGKILL)
+        wait(lambda: cluster.engine_host_pids() - hosts, "a replacement engine host to start", timeout=SETTLE_S,
+             every=0.02)
+        assert len(cluster.registry.children(tree.HOSTS)) < 3  # it has not registered yet
+        for name, process in cluster.procs.items():
+            if name.startswith("o"):
+                process.terminate()
+        try:
+            wait(lambda: not cluster.engine_host_pids(), "the engine hosts to stop", timeout=STOPS_S)
         except AssertionError as e:
             raise AssertionError(f"{e}\n{cluster.story(20)}") from None
     finally:
