@@ -184,8 +184,10 @@ def main(control_fd: int) -> int:
     """Body of the template: load the kernels, print READY, fork on each request until the control
     socket closes."""
     importlib.import_module("sparkcep.runtime.instance_manager")  # what every fork runs, imported once here
+    from sparkcep.runtime.process import keep_freed_memory
     from sparkcep.runtime.warmup import heartbeat, warm_up
     control = socket.socket(fileno=control_fd)
+    keep_freed_memory()  # as a worker does before its warm-up: the forks inherit this heap
     try:
         with heartbeat(lambda text: print(f"STARTING {text}", flush=True)) as progress:
             warm_up(progress)
