@@ -116,6 +116,11 @@ class Template:
         finally:
             os.close(out_w)
             os.close(status_w)
+        if "error" in answer:
+            os.close(out_r)
+            os.close(status_r)
+            raise EngineError(f"the instance-manager template (pid {self.process.pid}) could not start an "
+                              f"instance manager: {answer['error']}", "WORKER_START")
         return ForkedWorker(answer["pid"], os.fdopen(out_r, "rb", buffering=0), status_r)
 
     def close(self) -> None:
@@ -214,12 +219,18 @@ def main(control_fd: int) -> int:
                 return 0  # the process that started it is gone; the forks get SIGTERM as it exits
             out_fd, status_fd = fds
             request = json.loads(message)
-            pid = os.fork()
-            if pid == 0:
-                _run_fork(request, out_fd, [control.fileno(), wake_r, wake_w, *statuses.values()])
+            try:
+                pid = os.fork()
+            except OSError as e:  # out of memory or processes: said to the engine; its other forks go on
+                os.close(status_fd)
+                answer = {"error": f"fork failed: {e}"}
+            else:
+                if pid == 0:
+                    _run_fork(request, out_fd, [control.fileno(), wake_r, wake_w, *statuses.values()])
+                statuses[pid] = status_fd
+                answer = {"pid": pid}
             os.close(out_fd)
-            statuses[pid] = status_fd
-            control.send(json.dumps({"id": request["id"], "pid": pid}).encode())
+            control.send(json.dumps({"id": request["id"], **answer}).encode())
 
 
 def _reap(statuses: dict[int, int]) -> None:
@@ -232,7 +243,10 @@ def _reap(statuses: dict[int, int]) -> None:
             return
         fd = statuses.pop(pid, None)
         if fd is not None:
-            os.write(fd, str(os.waitstatus_to_exitcode(status)).encode())
+            try:
+                os.write(fd, str(os.waitstatus_to_exitcode(status)).encode())
+            except BrokenPipeError:  # nobody waits for it: a fork whose request timed out
+                pass
             os.close(fd)
 
 
