@@ -415,8 +415,9 @@ class Orchestrator:
             except SparkcepError as e:
                 log.warning("orchestrator %s: engine host %s did not stop: %s", self.name, doc.get("name"), e)
         if last:  # one it started that has not registered yet would found a data path of its own after
+            told = {doc.get("name") for doc in hosts}
             for name, (_, process) in self._started.items():
-                if name not in {doc.get("name") for doc in hosts} and process.poll() is None:
+                if name not in told and process.poll() is None:
                     log.info("orchestrator %s: stopping engine host %s, still starting", self.name, name)
                     process.terminate()
         deadline = time.monotonic() + 3.0

@@ -208,6 +208,7 @@ def main(control_fd: int) -> int:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the select below
     statuses: dict[int, int] = {}  # pid -> the write end of its status pipe
+    template = os.getpid()
     while True:
         ready = select.select([control, wake_r], [], [])[0]
         if wake_r in ready:
@@ -226,7 +227,7 @@ def main(control_fd: int) -> int:
                 answer = {"error": f"fork failed: {e}"}
             else:
                 if pid == 0:
-                    _run_fork(request, out_fd, [control.fileno(), wake_r, wake_w, *statuses.values()])
+                    _run_fork(request, out_fd, [control.fileno(), wake_r, wake_w, *statuses.values()], template)
                 statuses[pid] = status_fd
                 answer = {"pid": pid}
             os.close(out_fd)
@@ -250,8 +251,9 @@ def _reap(statuses: dict[int, int]) -> None:
             os.close(fd)
 
 
-def _run_fork(request: dict, out_fd: int, template_fds: list[int]) -> None:
-    """In a fork: become ``sparkcep worker`` with the requester's environment, printing on ``out_fd``."""
+def _run_fork(request: dict, out_fd: int, template_fds: list[int], template: int) -> None:
+    """In a fork of ``template`` (its pid): become ``sparkcep worker`` with the requester's environment,
+    printing on ``out_fd``; never returns."""
     code = 1
     try:
         signal.set_wakeup_fd(-1)
@@ -260,7 +262,6 @@ def _run_fork(request: dict, out_fd: int, template_fds: list[int]) -> None:
             os.close(fd)
         os.dup2(out_fd, 1)
         os.close(out_fd)
-        template = os.getppid()
         die_with_parent()
         if os.getppid() != template:  # the template ended before that took effect
             os._exit(1)
@@ -275,8 +276,11 @@ def _run_fork(request: dict, out_fd: int, template_fds: list[int]) -> None:
     except BaseException:
         traceback.print_exc()
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # nobody reads it any more
+                pass
         os._exit(code)
 
 
