@@ -20,6 +20,16 @@ def parent(pid: int) -> psutil.Process:
     return psutil.Process(pid).parent()
 
 
+def assert_rows_pass(engine, name: str) -> None:
+    """Rows sent through a query of two instances come out, on the engine's instance managers."""
+    q = cep.Query(name)
+    q.output(f"{name}_out", q.stream(f"{name}_in", "v int64"))
+    engine.deploy(q, parallelism=2)
+    engine.send(f"{name}_in", {"v": [1, 2, 3]})
+    engine.end(f"{name}_in")
+    assert sorted(engine.collect(f"{name}_out").column("v").to_pylist()) == [1, 2, 3]
+
+
 def test_the_engines_of_a_process_fork_their_instance_managers_from_one_template():
     first = cep.Engine.local(workers=1)
     second = cep.Engine.local(workers=2)
@@ -115,12 +125,7 @@ def test_an_engine_started_in_a_thread_that_ended_keeps_its_instance_managers():
     thread.start()
     thread.join()
     with started[0] as engine:
-        q = cep.Query("threaded")
-        q.output("th_out", q.stream("th_in", "v int64"))
-        engine.deploy(q, parallelism=2)
-        engine.send("th_in", {"v": [1, 2, 3]})
-        engine.end("th_in")
-        assert sorted(engine.collect("th_out").column("v").to_pylist()) == [1, 2, 3]
+        assert_rows_pass(engine, "threaded")
         assert all(im["alive"] for im in engine.instance_managers())
 
 
@@ -144,11 +149,6 @@ def test_a_stopped_template_is_named_and_a_fork_after_it_resumes_is_its_own(monk
     finally:
         os.kill(stopped, signal.SIGCONT)
     with cep.Engine.local(workers=2) as engine:
-        q = cep.Query("resumed")
-        q.output("r_out", q.stream("r_in", "v int64"))
-        engine.deploy(q, parallelism=2)
-        engine.send("r_in", {"v": [1, 2, 3]})
-        engine.end("r_in")
-        assert sorted(engine.collect("r_out").column("v").to_pylist()) == [1, 2, 3]
+        assert_rows_pass(engine, "resumed")
         pids = [im["pid"] for im in engine.instance_managers()]
         assert len(set(pids)) == 2 and all(parent(pid).pid == stopped for pid in pids)
