@@ -8,7 +8,8 @@ of its process, started with the first of them:
 
 * it lives as long as that process: it exits when its control socket closes (that process ended,
   however it ended), and its instance managers get SIGTERM when it exits (``PR_SET_PDEATHSIG``), as an
-  instance manager started alone does when its engine's process ends;
+  instance manager started alone does when its engine's process ends; with none running and no request
+  for :data:`IDLE_S` it exits too (the next engine starts another);
 * each fork runs ``sparkcep worker`` with the environment, ``sys.path`` and working directory the
   requesting process has at that moment: the modules of a query's functions are imported by the fork,
   never by the template;
@@ -38,6 +39,7 @@ from sparkcep.errors import EngineError
 from sparkcep.runtime.worker_start import Starting, die_with_parent, wait_ready, worker_args, worker_env
 
 FORK_ANSWER_S = 10.0  # a template answers a fork at once; one that does not is stopped
+IDLE_S = 60.0  # a template with no fork running ends after this long without a request
 _lock = threading.Lock()  # one request at a time on the control socket; one start of the template
 _template: Template | None = None
 
@@ -58,8 +60,8 @@ def fork_worker(name: str, cpu: int, listen: str, token_file: str) -> ForkedWork
                 _template = Template()
             try:
                 return _template.fork(worker_args(name, cpu, listen, token_file))
-            except OSError:  # it ended between the look and the request: start another once
-                if _template.alive() or attempt == 2:
+            except (ConnectionResetError, BrokenPipeError):  # it ended (idle) as the request went: another
+                if attempt == 2:
                     raise
                 _template.close()
                 _template = None
@@ -73,7 +75,7 @@ class Template:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "sparkcep.runtime.template", str(theirs.fileno())],
+                [sys.executable, "-m", "sparkcep.runtime.template", str(theirs.fileno()), str(IDLE_S)],
                 stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=worker_env(), pass_fds=(theirs.fileno(),),
                 preexec_fn=_ignore_ctrl_c)
         finally:
@@ -185,9 +187,9 @@ def _ignore_ctrl_c() -> None:
 
 # --- the template process --------------------------------------------------------------------------
 
-def main(control_fd: int) -> int:
+def main(control_fd: int, idle_s: float) -> int:
     """Body of the template: load the kernels, print READY, fork on each request until the control
-    socket closes."""
+    socket closes (or ``idle_s`` pass with no fork running and no request)."""
     importlib.import_module("sparkcep.runtime.instance_manager")  # what every fork runs, imported once here
     from sparkcep.runtime.process import keep_freed_memory
     from sparkcep.runtime.warmup import heartbeat, warm_up
@@ -210,7 +212,9 @@ def main(control_fd: int) -> int:
     statuses: dict[int, int] = {}  # pid -> the write end of its status pipe
     template = os.getpid()
     while True:
-        ready = select.select([control, wake_r], [], [])[0]
+        ready = select.select([control, wake_r], [], [], idle_s)[0]
+        if not ready and not statuses:
+            return 0  # no instance manager and no request for idle_s: its memory goes back
         if wake_r in ready:
             os.read(wake_r, 4096)
             _reap(statuses)
@@ -285,4 +289,4 @@ def _run_fork(request: dict, out_fd: int, template_fds: list[int], template: int
 
 
 if __name__ == "__main__":
-    sys.exit(main(int(sys.argv[1])))
+    sys.exit(main(int(sys.argv[1]), float(sys.argv[2])))

@@ -152,3 +152,39 @@ def test_a_stopped_template_is_named_and_a_fork_after_it_resumes_is_its_own(monk
         assert_rows_pass(engine, "resumed")
         pids = [im["pid"] for im in engine.instance_managers()]
         assert len(set(pids)) == 2 and all(parent(pid).pid == stopped for pid in pids)
+
+
+def test_an_idle_template_ends_and_the_next_engine_starts_another(tmp_path):
+    """In a process of its own (with a short idle limit): once its last instance manager ended and no
+    request came for the limit, the template exits, giving its memory back; the next engine starts one."""
+    script = textwrap.dedent(f"""
+        import json, sys, time
+        sys.path.insert(0, {os.path.dirname(os.path.dirname(cep.__file__))!r})
+        import psutil
+        import sparkcep as cep
+        from sparkcep.runtime import template
+        template.IDLE_S = 1.0
+        def rows_through(e, name):
+            q = cep.Query(name)
+            q.output(name + "_out", q.stream(name + "_in", "v int64"))
+            e.deploy(q)
+            e.send(name + "_in", {{"v": [7]}})
+            e.end(name + "_in")
+            return e.collect(name + "_out").column("v").to_pylist()
+        def running(p):
+            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        with cep.Engine.local(workers=1) as e:
+            first = psutil.Process(e.instance_managers()[0]["pid"]).parent()
+            time.sleep(1.5)
+            alive_while_used = running(first) and rows_through(e, "first") == [7]
+        time.sleep(2.5)
+        ended = not running(first)
+        with cep.Engine.local(workers=1) as e:
+            rows = rows_through(e, "again")
+        print(json.dumps({{"alive_while_used": alive_while_used, "ended": ended, "rows": rows}}), flush=True)
+    """)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, SPARKCEP_HOME=str(tmp_path)))
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got == {"alive_while_used": True, "ended": True, "rows": [7]}, got
