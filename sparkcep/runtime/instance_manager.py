@@ -395,7 +395,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     """Body of ``sparkcep worker``: pin, warm up, listen, print a READY line, serve until stopped."""
-    # SIGTERM stops it, and Ctrl-C unless whoever started it ignores Ctrl-C for it (start_worker: the engine
+    # SIGTERM stops it, and Ctrl-C unless whoever started it ignores Ctrl-C for it (die_with_parent: the engine
     # or the Spark launcher that started it stops it; a KeyboardInterrupt of theirs must not)
     ignores_ctrl_c = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     stopping = (signal.SIGTERM,) if ignores_ctrl_c else (signal.SIGTERM, signal.SIGINT)
