@@ -133,6 +133,15 @@ class Router:
         for c in self.channels:
             c.send_progress(epoch, frontier, watermark, arrival)
 
+    def hold_wakes(self) -> None:
+        """Write without waking sleeping consumers until :meth:`release_wakes`, which wakes each once."""
+        for c in self.channels:
+            c.hold_wakes()
+
+    def release_wakes(self) -> None:
+        for c in self.channels:
+            c.release_wakes()
+
     def abort(self, epoch: int) -> None:
         """Tell every consumer that ``epoch`` is void."""
         for c in self.channels:

@@ -156,11 +156,16 @@ class InstanceRunner:
                 continue
             watermark = min(h.watermark for h in heads)
             stamp = (epoch, first.frontier, first.arrival)
-            if self.buffers:
-                for _, edge, batch in sorted(self.stash.pop(epoch, ()), key=lambda item: item[0]):
-                    self._emit(self.instance.process(edge, batch), stamp)
-            self._emit(self.instance.advance(first.frontier, watermark), stamp)
-            self.router.progress(epoch, first.frontier, self.instance.output_watermark(watermark), first.arrival)
+            self.router.hold_wakes()
+            try:
+                if self.buffers:
+                    for _, edge, batch in sorted(self.stash.pop(epoch, ()), key=lambda item: item[0]):
+                        self._emit(self.instance.process(edge, batch), stamp)
+                self._emit(self.instance.advance(first.frontier, watermark), stamp)
+                self.router.progress(epoch, first.frontier, self.instance.output_watermark(watermark),
+                                     first.arrival)
+            finally:
+                self.router.release_wakes()
             self.instance.settle()
             self.counters.epoch = epoch
 

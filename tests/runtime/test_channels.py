@@ -20,11 +20,18 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+import sparkcep as cep
 from sparkcep import auth
+from sparkcep.core import columns
 from sparkcep.errors import EngineError
+from sparkcep.query.planner import plan
 from sparkcep.runtime.channels import (ChannelClosed, Configure, Data, Doorbell, Gate, LocalChannel, Progress, RingConsumer,
                                        RingProducer, TcpConsumer, TcpProducer, consumer, create_ring, hello, producer,
                                        tcp)
+from sparkcep.runtime.handoff import Handoffs
+from sparkcep.runtime.layout import ENGINE, Layout
+from sparkcep.runtime.metrics import EpochClock
+from sparkcep.runtime.wiring import host_runners, source_router
 
 
 @pytest.fixture
@@ -32,11 +39,11 @@ def shm(tmp_path_factory):
     d = "/dev/shm" if os.path.isdir("/dev/shm") else str(tmp_path_factory.mktemp("shm"))
     paths = []
 
-    def make(name, capacity=1 << 16):
+    def make(name, capacity=1 << 16, reader_bell=""):
         path = os.path.join(d, f"sparkcep-test-{os.getpid()}-{name}")
         if os.path.exists(path):
             os.unlink(path)
-        create_ring(path, capacity)
+        create_ring(path, capacity, reader_bell)
         paths.append(path)
         return path
     yield make
@@ -164,6 +171,78 @@ def test_a_waiting_batch_is_copied_unless_its_owner_keeps_it(shm, batches_stay):
         got += [m.batch for m in drain(r) if isinstance(m, Data)]
         w.flush()
     assert len(got) == sent and all(t.to_batches()[0].equals(b) for t in got)
+
+
+def rung(bell: Doorbell) -> int:
+    """How many times ``bell`` was rung since it was last read, without waiting."""
+    try:
+        return len(os.read(bell.fileno(), 4096))
+    except BlockingIOError:
+        return 0
+
+
+def test_held_wake_ups_reach_a_sleeping_consumer_once_on_release(shm, tmp_path):
+    """What is written while wake-ups are held does not wake the sleeping consumer; releasing them wakes
+    it once, and it finds every record."""
+    bell = Doorbell.create(str(tmp_path / "bell"))
+    path = shm("held", 1 << 16, bell.path)
+    w, r = RingProducer(path), RingConsumer(path)
+    r.sleep_flag(True)
+    w.send_progress(0, 0, 0, 0)
+    assert rung(bell) == 1  # not held: the first record wakes it
+    r.sleep_flag(True)
+    w.hold_wakes()
+    w.send_data(0, (1, 3, 0), pa.record_batch({"v": np.arange(4)}))
+    w.send_progress(1, 3, 0, 0)
+    assert rung(bell) == 0
+    w.release_wakes()
+    assert rung(bell) == 1
+    w.hold_wakes()
+    w.release_wakes()  # nothing written meanwhile
+    assert rung(bell) == 0
+    assert [type(m) for m in drain(r)] == [Progress, Data, Progress]
+    bell.close(unlink=True)
+
+
+def test_a_fired_window_and_its_epoch_end_wake_the_sink_once(tmp_path):
+    """An instance wakes a sleeping consumer once per epoch, after the epoch's end: a window's results
+    and the progress that lets the engine publish them arrive together. Woken at the results, the
+    engine's collector thread ran (on a busy machine, on the instance manager's core) before the
+    instance wrote the progress, found the epoch still open and slept again."""
+    q = cep.Query("wake")
+    s = q.stream("s", "k string, t timestamp", time="t")
+    q.output("out", s.aggregate(cep.TimeWindow("1s"), by="k", n=cep.count()))
+    layout = Layout(plan(q), {sq.name: 1 for sq in plan(q).subqueries})
+    [ep] = layout.instances()
+    bell = Doorbell.create(str(tmp_path / "bell"))
+    path = str(tmp_path / "ring")
+    create_ring(path, 1 << 16, bell.path)
+    into, sink = LocalChannel(), RingProducer(path)
+    [runner] = host_runners(layout, 8, None, [ep], {(ENGINE, ep): into}, {(ep, ENGINE): sink}, EpochClock(),
+                            Handoffs("test"))
+    reader = RingConsumer(path)
+    woken_before_end = []
+    send_progress = sink.send_progress
+
+    def recording(*args):
+        woken_before_end.append(rung(bell))
+        send_progress(*args)
+    sink.send_progress = recording
+
+    batch = pa.record_batch({"k": ["a", "b", "a"], "t": pa.array([0, 1_000, 2_000], pa.timestamp("us"))})
+    router = source_router(layout, 8, None, {(ENGINE, ep): into})
+    router.send("s", columns.stamp(batch, 0, columns.as_int64(batch.column("t")), -1), (1, 2, 0))
+    router.progress(1, 2, 5_000_000, 0)  # the watermark closes the window [0 s, 1 s)
+    reader.sleep_flag(True)
+    while runner.poll():
+        pass
+    assert woken_before_end == [0]  # the results did not wake it
+    assert rung(bell) == 1  # the end did, once
+    got = drain(reader)
+    assert [type(m) for m in got] == [Data, Progress]
+    counts = got[0].batch.to_pandas().set_index("k")["n"].to_dict()
+    assert counts == {"a": 2, "b": 1}
+    bell.close(unlink=True)
 
 
 def test_local_channel_same_interface():

@@ -178,6 +178,12 @@ class Producer(ABC):
     def sleep_flag(self, on: bool) -> None:
         """Say the owner is about to sleep until the consumer makes room."""
 
+    def hold_wakes(self) -> None:
+        """Until :meth:`release_wakes`, do not wake a sleeping consumer for what is written."""
+
+    def release_wakes(self) -> None:
+        """Wake the consumer once for what was written since :meth:`hold_wakes`, if it sleeps."""
+
     @abstractmethod
     def check_peer(self) -> None:
         """Raise :class:`ChannelClosed` if the consumer is gone."""

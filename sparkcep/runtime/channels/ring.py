@@ -243,6 +243,8 @@ class RingProducer(Producer):
         self.schemas: dict[int, pa.Schema] = {}
         self._skip: dict[int, int] = {}  # per port: bytes of the schema message a stream writer puts first
         self.bytes_out = 0
+        self.holding = False  # hold_wakes() was called: a wake-up the consumer is due waits
+        self._wake_due = False
 
     def __repr__(self) -> str:
         return f"ring {self.ring.path}"
@@ -352,8 +354,21 @@ class RingProducer(Producer):
         ring.head[_W] = self.w
         self.bytes_out += need
         if ring.head[_READER_SLEEPS]:
-            _wake(ring, _READER_SLEEPS, _READER_BELL)
+            if self.holding:
+                self._wake_due = True
+            else:
+                _wake(ring, _READER_SLEEPS, _READER_BELL)
         return True
+
+    def hold_wakes(self) -> None:
+        self.holding = True
+
+    def release_wakes(self) -> None:
+        self.holding = False
+        if self._wake_due:
+            self._wake_due = False
+            if self.ring.head is not None and self.ring.head[_READER_SLEEPS]:
+                _wake(self.ring, _READER_SLEEPS, _READER_BELL)
 
     def _write_batch(self, batch: pa.RecordBatch, head: bytes, start: int, end: int) -> None:
         """Let Arrow write ``batch`` as a one-batch stream into ``ring[start:end]`` (no copy in between)."""
