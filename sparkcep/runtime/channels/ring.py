@@ -14,9 +14,12 @@ Header (512 bytes, int64 slots; the positions and the two sleep flags each
 on a cache line of their own): write position, read position, reader
 sleeps, writer sleeps, then capacity, writer pid, reader pid, and the two
 doorbell paths. An end about to sleep sets its flag, then looks once more;
-the other end, seeing the flag, clears it and rings. Memory order relies on
-x86 total store order (a position is stored after the bytes it publishes);
-sleeps are bounded by a timeout, so a missed wake-up costs at most that long.
+the other end, seeing the flag, clears it and rings; between ``hold_wakes``
+and ``release_wakes`` the producer rings once, at the release (an instance
+holds them over an epoch's end: its results and progress arrive together).
+Memory order relies on x86 total store order (a position is stored after the
+bytes it publishes); sleeps are bounded by a timeout, so a missed wake-up
+costs at most that long.
 """
 
 from __future__ import annotations
