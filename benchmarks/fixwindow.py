@@ -47,6 +47,8 @@ def main(argv=None) -> int:
 
     workers = a.workers
     args = SimpleNamespace(workers=workers, instances=max(1, workers), ips=a.ips, seed=a.seed)
+    if not a.no_spark and (why := cli.room_refused(["fixwindow"], a.events, args)):
+        p.error(f"argument --events: {why}")
     console = Console(stderr=True)
     latency = bool(a.rate)
     ours = cli.run_sparkcep("fixwindow", a.rate, a.events, args, console, latency)

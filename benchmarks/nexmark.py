@@ -43,6 +43,8 @@ def main(argv=None) -> int:
     if a.workers and cli.workers_refused(a.workers):
         return 2
     args = SimpleNamespace(workers=a.workers, instances=max(1, a.workers), ips=0, seed=a.seed)
+    if not a.no_spark and (why := cli.room_refused(a.queries, a.events, args)):
+        p.error(f"argument --events: {why}")
     console = Console(stderr=True)
     latency = bool(a.rate)
     ours = {q: cli.run_sparkcep(q, a.rate, a.events, args, console, latency) for q in a.queries}

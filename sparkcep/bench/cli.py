@@ -106,6 +106,16 @@ def workers_refused(workers: int) -> bool:
     return False
 
 
+def room_refused(workloads: list[str], events: int, args) -> str | None:
+    """Why Spark's input of ``events`` events for one of ``workloads`` would not fit on the disk, or None
+    (each run's input is removed before the next one's is written)."""
+    from sparkcep.bench import spark as sb
+    for w in workloads:
+        if suite.has_spark_peer(w) and (why := sb.room_refused(suite.source(w, args.seed, args.ips), events)):
+            return why
+    return None
+
+
 def run(args) -> int:
     """Body of ``sparkcep bench``. An engine's error ends it in one line (exit 1), Ctrl-C quietly (130);
     SIGTERM stops it as Ctrl-C does, the instance managers it started with it (exit 143)."""

@@ -49,6 +49,8 @@ from sparkcep.bench.spark_queries import hibench_df
 
 FLUSH_IP = workloads.FLUSH_IP
 WINDOW_S = workloads.WINDOW_US // 1_000_000  # HiBench fixwindow's window
+SAMPLE_EVENTS = 65_536  # written once to measure what Spark's input takes an event on disk
+SPARE_BYTES = 1 << 30  # what a run's input leaves free on its disk
 _SPARK_TYPES = {"int64": "bigint", "int32": "int", "float64": "double", "float32": "float", "bool": "boolean",
                 "string": "string", "timestamp": "timestamp"}
 
@@ -98,6 +100,27 @@ def _write(directory: Path, name: str, batch: pa.RecordBatch) -> int:
     pq.write_table(pa.Table.from_batches([batch]), tmp, compression="snappy")
     os.replace(tmp, directory / name)
     return time.time_ns()
+
+
+def room_refused(source, events: int) -> str | None:
+    """Why ``events`` events of ``source`` would not fit as Spark's Parquet input where :func:`workdir`
+    puts it with ``SPARE_BYTES`` left free, or None: measured on ``SAMPLE_EVENTS`` of them written
+    there (a mistyped ``--events`` filled the disk before Spark read a row)."""
+    d = workdir()
+    try:
+        n = min(events, SAMPLE_EVENTS)
+        source.prepare(n)
+        for stream, batch in source.batches(0, n, np.arange(n, dtype=np.int64)):
+            if batch.num_rows:
+                _write(d, f"{stream}.parquet", batch)
+        need = sum(f.stat().st_size for f in d.iterdir()) * events / n
+        free = shutil.disk_usage(d).free
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    if need + SPARE_BYTES <= free:
+        return None
+    return (f"{events:,} events would take about {need / 1e9:,.1f} GB of Parquet for Spark in {d.parent}, "
+            f"which has {free / 1e9:,.1f} GB free: use fewer events, or --no-spark")
 
 
 def write_chunk(dirs: dict[str, Path], log: FileLog, name: str, parts, keys: np.ndarray) -> None:

@@ -4,7 +4,9 @@ in a ValueError, ``migration.py --keys 0`` in numpy's, and ``kernels.py --events
 the tuples up front."""
 
 import importlib.util
+import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -62,6 +64,25 @@ def test_a_benchmark_refuses_more_workers_than_the_machine_runs_before_starting_
     assert script(path).main(["--workers", "1000000", "--no-spark"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: 1000000 instance managers on ") and err[-1].endswith("[CAPACITY]"), err
+
+
+@pytest.mark.parametrize("path", ["benchmarks/fixwindow.py", "benchmarks/nexmark.py"])
+def test_a_benchmark_refuses_more_events_than_the_disk_holds_for_spark_before_starting_any(path, capsys,
+                                                                                          monkeypatch):
+    """A mistyped ``--events`` ran the sparkcep side first, then wrote Spark's Parquet input until the
+    disk was full."""
+    module, name = script(path), Path(path).name
+    monkeypatch.setattr(module.cli, "run_sparkcep", lambda *a, **k: pytest.fail("a run started"))
+    monkeypatch.setattr("sys.argv", [name])
+    with pytest.raises(SystemExit) as stop:
+        module.main(["--events", str(10 ** 13)])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert re.fullmatch(rf"{name}: error: argument --events: 10,000,000,000,000 events would take about "
+                        r"[\d,.]+ GB of Parquet for Spark in \S+, which has [\d,.]+ GB free: use fewer events, "
+                        r"or --no-spark", err), err
+    args = SimpleNamespace(seed=0, ips=1_000)
+    assert module.cli.room_refused(["fixwindow"], 4_000_000, args) is None  # the acceptance run's 0.4 GB fit
 
 
 def test_a_count_may_be_written_in_float_notation_when_it_is_whole():
