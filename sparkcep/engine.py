@@ -344,6 +344,7 @@ class Engine:
     @outside_callbacks
     def undeploy(self, name: str) -> None:
         """Stop query ``name``: its instances go, its outputs and their logs are forgotten."""
+        self._check_open()
         with self._lock:
             dep = self.deployments.pop(name, None)
             handle = self._deployed.pop(name, None)

@@ -562,7 +562,8 @@ def test_a_subscriber_behind_the_retention_is_told_what_it_missed(api):
 
 
 def test_a_closed_engine_refuses_every_call(api):
-    """Closed, a cluster client went on sending and collecting (it connected again); an engine raises CLOSED."""
+    """Closed, a cluster client went on sending and collecting (it connected again); an engine raises CLOSED
+    (a local one's ``undeploy`` returned quietly)."""
     name = f"closed_{api.kind}"
     if api.kind == "cluster":
         engine = cep.Engine.connect(f"zk://{api.zk}", token_file=api.token_file)
@@ -573,7 +574,7 @@ def test_a_closed_engine_refuses_every_call(api):
         engine.close()
         calls = {"deploy": lambda: engine.deploy(query(name + "_2")), "deployment": lambda: engine.deployment(name),
                  "send": lambda: engine.send(f"{name}_in", frame(0)), "end": lambda: engine.end(f"{name}_in"),
-                 "collect": lambda: engine.collect(f"{name}_out"),
+                 "collect": lambda: engine.collect(f"{name}_out"), "undeploy": lambda: engine.undeploy(name),
                  "subscribe": lambda: engine.subscribe(f"{name}_out", print), "metrics": engine.metrics,
                  "instance_managers": engine.instance_managers,
                  "add_instance_manager": lambda: engine.add_instance_manager("127.0.0.1:1")}
