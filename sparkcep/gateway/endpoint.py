@@ -353,9 +353,9 @@ class Endpoint:
         return {}, b""
 
     def _op_offsets(self, h, _):
+        if h.get("settle"):  # as collect(): once the output reflects every send and end made so far (an
+            self.engine._settle(h["stream"], h.get("timeout"))  # unknown one refused as collect() refuses it)
         log_ = self._output_log(h)
-        if h.get("settle"):  # as collect(): once the output reflects every send and end made so far
-            self.engine._settle(h["stream"], h.get("timeout"))
         if h["stream"] == METRICS:
             self._sample_metrics(_form(h), h.get("interval"))
         if h.get("whole"):  # as collect(): the rows of an output that keeps none, or lost some, are no answer

@@ -379,6 +379,7 @@ def test_bad_inputs_get_the_same_codes_everywhere(api):
         cases = {
             "unknown field": (lambda: e.send(d.stream, df.assign(extra=1)), "InputError", "UNKNOWN_FIELD"),
             "unknown stream": (lambda: e.send(d.stream + "x", df), "UnknownStreamError", "UNKNOWN_STREAM"),
+            "typo'd output, collect": (lambda: e.collect(d.output + "x"), "UnknownStreamError", "UNKNOWN_STREAM"),
             "unknown query": (lambda: e.deployment(d.name + "x"), "QueryError", "UNKNOWN_QUERY"),
             "typo'd operator, migrate": (lambda: d.dep.migrate("aggg", {0: 1}), "QueryError", "UNKNOWN_OPERATOR"),
             "typo'd operator, rescale": (lambda: d.dep.rescale("aggg", 3), "QueryError", "UNKNOWN_OPERATOR"),
@@ -415,6 +416,10 @@ def test_bad_inputs_get_the_same_codes_everywhere(api):
         seen = {what: code_of(call)[:2] for what, (call, _, _) in cases.items()}
         assert seen == {what: (cls, code) for what, (_, cls, code) in cases.items()}
         assert "did you mean 'agg'" in code_of(cases["typo'd operator, migrate"][0])[2]
+        # through a cluster it was "an output stream named", listing $metrics, which collect() refuses
+        said = code_of(cases["typo'd output, collect"][0])[2]
+        assert said.startswith(f"no deployed query has an output named {d.output + 'x'!r} (did you mean "
+                               f"{d.output!r}?); outputs: [") and "$metrics" not in said, said
         assert d.dep.bin_owners("agg") == owners and d.dep.migrations()["finished"] == []
         assert not {d.name + s for s in ("_p", "_b", "_r", "_k")} & set(e.metrics()["queries"])  # none deployed
         d.send("numpy")
