@@ -217,7 +217,11 @@ class InstanceManager:
         except EngineError:
             return
         if greeting.role == hello.COMMAND:
-            hello.send_frame(s, {"ok": True, "info": vars(self.info())}, time.monotonic() + HELLO_TIMEOUT_S)
+            try:
+                hello.send_frame(s, {"ok": True, "info": vars(self.info())}, time.monotonic() + HELLO_TIMEOUT_S)
+            except OSError:  # the engine went between its hello and our answer (it was stopped)
+                s.close()
+                return
             s.setblocking(True)
             s.settimeout(None)
             self.links[s] = Link(s, cmd.RecordReader(s), greeting.peer)
