@@ -292,8 +292,8 @@ class ConnectedEngine:
             time.sleep(POLL_S)
         self.registry.delete(result_path)
         if not result.get("ok"):
-            raise (QueryError if result.get("type") == "QueryError" else EngineError)(
-                f"{what}: {result.get('error')}", result.get("code"))
+            raise (QueryError if result.get("type") == "QueryError" else EngineError)(  # a local engine's words
+                result.get("error"), result.get("code"))
         return result
 
     # --- data: straight to the data path -----------------------------------------------------

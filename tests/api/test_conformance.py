@@ -420,6 +420,12 @@ def test_bad_inputs_get_the_same_codes_everywhere(api):
         said = code_of(cases["typo'd output, collect"][0])[2]
         assert said.startswith(f"no deployed query has an output named {d.output + 'x'!r} (did you mean "
                                f"{d.output!r}?); outputs: [") and "$metrics" not in said, said
+        # through a cluster these began "undeploy of 'badx': " and "deploy of 'bad': "
+        cls, code, said = code_of(lambda: e.undeploy(d.name + "x"))
+        assert (cls, code) == ("QueryError", "UNKNOWN_QUERY") and said.startswith(
+            f"no query named {d.name + 'x'!r} is deployed (did you mean {d.name!r}?); queries: ["), said
+        assert code_of(lambda: e.deploy(query(d.name))) == (
+            "QueryError", "ALREADY_DEPLOYED", f"a query named {d.name!r} is already deployed")
         assert d.dep.bin_owners("agg") == owners and d.dep.migrations()["finished"] == []
         assert not {d.name + s for s in ("_p", "_b", "_r", "_k")} & set(e.metrics()["queries"])  # none deployed
         d.send("numpy")
