@@ -132,9 +132,11 @@ class DataPath:
 
     def call(self, what: str, fn, client: EngineClient | None = None):
         """``fn(client)`` on the data path, retried on a new connection wherever the registry says it serves
-        now, until ``retry_s`` seconds have passed; returns ``(result, client used)``."""
+        now, until ``retry_s`` seconds have passed; returns ``(result, client used)``, which the caller
+        closes. When it raises, a client it opened is closed (``client`` stays the caller's)."""
         deadline = time.monotonic() + self.retry_s
         last: SparkcepError | None = None
+        given = client
         while True:
             try:
                 if client is None:
@@ -148,6 +150,8 @@ class DataPath:
                         self._waiting.pop(client, None)
             except SparkcepError as e:
                 if not retryable(e):
+                    if client is not None and client is not given:
+                        client.close()
                     raise
                 last = e
                 if client is not None:

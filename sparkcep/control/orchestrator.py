@@ -268,7 +268,8 @@ class Orchestrator:
                     raise
                 return {"deployment": client.request("deployed", query=query.name)[0]["deployment"],
                         "streams": sorted(query.sources), "outputs": sorted(query.outputs)}
-        answer, _ = self.path.call(f"deploy of {query.name!r}", deploy)
+        answer, client = self.path.call(f"deploy of {query.name!r}", deploy)
+        client.close()
         self._record(query.name, request["query"], options, answer)
         log.info("orchestrator %s: deployed %s (%s)", self.name, query.name, answer["deployment"])
         self._refresh()
@@ -296,7 +297,7 @@ class Orchestrator:
             except SparkcepError as e:  # a retry after the primary took it and failed over: it is gone
                 if e.code != "UNKNOWN_QUERY" or len(tries) == 1:
                     raise
-        self.path.call(f"undeploy of {name!r}", undeploy)
+        self.path.call(f"undeploy of {name!r}", undeploy)[1].close()
         record = self.registry.get(f"{tree.DEPLOYMENTS}/{name}") or {}
         nodes = [f"{tree.STREAMS}/{s}" for s in record.get("streams", [])] + \
                 [f"{tree.OUTPUTS}/{o}" for o in record.get("outputs", [])]
@@ -321,26 +322,26 @@ class Orchestrator:
         except SparkcepError as e:
             log.info("orchestrator %s: no data path to look at now: %s", self.name, e)
             return
-        if metrics.get("role", "primary") != "primary":  # it serves only the queries replayed so far
-            log.info("orchestrator %s: the data path is %s: deployments left as recorded", self.name, metrics["role"])
-            client.close()
-            return
-        now = time.time()
-        queries = metrics.get("queries", {})
-        for q in set(self.registry.children(tree.DEPLOYMENTS)) - set(queries):  # gone with an undeploy elsewhere
-            self.registry.delete(f"{tree.DEPLOYMENTS}/{q}", recursive=True)
-        for q, m in queries.items():
-            if self.registry.get(f"{tree.DEPLOYMENTS}/{q}") is None:
-                header, payload = client.request("deployed", query=q)
-                query = cloudpickle.loads(memoryview(payload))
-                self._record(q, base64.b64encode(bytes(payload)).decode(), {},
-                             {"deployment": header["deployment"], "streams": sorted(query.sources),
-                              "outputs": sorted(query.outputs)})
-                log.info("orchestrator %s: recorded %s again from the data path", self.name, q)
-            self.registry.set(f"{tree.DEPLOYMENTS}/{q}/metrics", {
-                "time": now, "state": m.get("state", "running"),
-                **{k: m.get(k) for k in ("rows_in", "rows_out", "input_rate", "throughput", "latency_ms")}})
-        client.close()
+        with client:  # closed however this ends
+            if metrics.get("role", "primary") != "primary":  # it serves only the queries replayed so far
+                log.info("orchestrator %s: the data path is %s: deployments left as recorded", self.name,
+                         metrics["role"])
+                return
+            now = time.time()
+            queries = metrics.get("queries", {})
+            for q in set(self.registry.children(tree.DEPLOYMENTS)) - set(queries):  # gone with an undeploy elsewhere
+                self.registry.delete(f"{tree.DEPLOYMENTS}/{q}", recursive=True)
+            for q, m in queries.items():
+                if self.registry.get(f"{tree.DEPLOYMENTS}/{q}") is None:
+                    header, payload = client.request("deployed", query=q)
+                    query = cloudpickle.loads(memoryview(payload))
+                    self._record(q, base64.b64encode(bytes(payload)).decode(), {},
+                                 {"deployment": header["deployment"], "streams": sorted(query.sources),
+                                  "outputs": sorted(query.outputs)})
+                    log.info("orchestrator %s: recorded %s again from the data path", self.name, q)
+                self.registry.set(f"{tree.DEPLOYMENTS}/{q}/metrics", {
+                    "time": now, "state": m.get("state", "running"),
+                    **{k: m.get(k) for k in ("rows_in", "rows_out", "input_rate", "throughput", "latency_ms")}})
         self._hosted = {im["name"]: im["instances"] for im in ims}  # a dead one's too: its death is reported
         placement: dict[str, dict[str, list[str]]] = {}  # query -> instance -> where each replica runs it
         for im in ims:

@@ -13,6 +13,7 @@ import base64
 import uuid
 
 import cloudpickle
+import psutil
 import pytest
 
 import sparkcep as cep
@@ -21,6 +22,8 @@ from sparkcep import auth
 from sparkcep.control import tree
 from sparkcep.control.orchestrator import Orchestrator
 from sparkcep.control.registry import open_registry
+from sparkcep.errors import QueryError
+from sparkcep.gateway.discovery import EngineNotFoundError
 
 
 def query(name: str) -> cep.Query:
@@ -101,3 +104,28 @@ def test_an_undeploy_whose_answer_was_lost_to_a_fail_over_is_done(cluster, monke
     assert orch._undeploy({"query": "u"}) == {"query": "u"}
     assert calls == ["u", "u"] and "u" not in engine.deployments and record(orch, "u") is None
 
+
+
+def open_to(address: str) -> int:
+    """This process's open TCP connections to ``address`` (host:port)."""
+    port = int(address.rpartition(":")[2])
+    return sum(1 for c in psutil.Process().net_connections("tcp")
+               if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED)
+
+
+def test_a_call_that_fails_for_good_after_a_retry_leaves_no_connection_open(cluster):
+    """The connection the data path's call opened to try again was left open when the call then failed:
+    the caller, which gets the connection back only with a result, could not close it."""
+    orch, engine = cluster
+    before = open_to(engine.endpoint.address)
+    tries = []
+
+    def fn(client):
+        tries.append(client)
+        client.hello()  # a round trip: the connection is open
+        if len(tries) == 1:
+            raise EngineNotFoundError("the data path moved")  # tried again on a new connection
+        raise QueryError("no query named 'x' is deployed", "UNKNOWN_QUERY")  # fails for good
+    with pytest.raises(QueryError):
+        orch.path.call("a test", fn)
+    assert len(tries) == 2 and open_to(engine.endpoint.address) == before
