@@ -58,9 +58,10 @@ def private_dir(path: Path) -> Path:
     return path
 
 
-def write_private(path: Path, text: str, own_dir: bool = True) -> Path:
+def write_private(path: str | os.PathLike, text: str, own_dir: bool = True) -> Path:
     """Write ``text`` to ``path`` atomically, readable by its owner only (0600). ``own_dir``: the directory
     is the engine's own, made 0700; otherwise one that exists (a user's, ``/tmp``) is left as it is."""
+    path = Path(path)
     if own_dir:
         private_dir(path.parent)
     else:
@@ -77,7 +78,7 @@ def write_private(path: Path, text: str, own_dir: bool = True) -> Path:
     return path
 
 
-def write(path: Path, token: str, own_dir: bool = True) -> Path:
+def write(path: str | os.PathLike, token: str, own_dir: bool = True) -> Path:
     """Store ``token`` in ``path`` (mode 0600; ``own_dir`` as :func:`write_private`)."""
     return write_private(path, token + "\n", own_dir)
 

@@ -17,3 +17,11 @@ def test_the_token_file_is_private_and_its_existing_directory_keeps_its_mode(tmp
     assert len(auth.read(shared / "cluster.token")) == 2 * auth.TOKEN_BYTES
     assert main(["token", str(tmp_path / "new" / "dir" / "cluster.token")]) == 0
     assert stat.S_IMODE((tmp_path / "new" / "dir").stat().st_mode) == 0o700
+
+
+def test_a_token_is_written_to_a_path_given_as_a_string(tmp_path):
+    """As it is read from one: ``auth.write("cluster.token", ...)`` raised AttributeError ('str' has no parent)."""
+    token = auth.generate()
+    assert auth.write(str(tmp_path / "cluster.token"), token) == tmp_path / "cluster.token"
+    assert auth.read(str(tmp_path / "cluster.token")) == token
+    assert stat.S_IMODE((tmp_path / "cluster.token").stat().st_mode) == 0o600
