@@ -181,7 +181,7 @@ class DataPath:
                     log.warning("the data path at %s does not answer and %s serves now: trying there",
                                 client.address, doc["address"])
                     self.moved(client.address)
-                    client.abort()
+                    client.abort(f"another engine host serves at {doc['address']} now")
 
     def close(self) -> None:
         self._closed.set()

@@ -103,6 +103,7 @@ class EngineClient:
         self._token_file = token_file
         self._sock: socket.socket | None = None
         self._opening: socket.socket | None = None  # a connection in its handshake, for abort()
+        self._aborted: str | None = None  # why abort() ended the request under way
         self._lock = threading.Lock()
         self._schemas: dict = {}  # input stream -> (its Schema, its time field), as the engine said
 
@@ -124,9 +125,10 @@ class EngineClient:
         with self._lock:
             self._drop()
 
-    def abort(self) -> None:
-        """From another thread: end the request under way, which then raises ``EngineNotFoundError`` (its
-        engine hangs, and another one serves)."""
+    def abort(self, why: str) -> None:
+        """From another thread: end the request under way, which then raises ``EngineNotFoundError`` saying
+        that its engine stopped answering and ``why`` (another one serves)."""
+        self._aborted = why
         for sock in (self._sock, self._opening):
             if sock is not None:
                 try:
@@ -307,19 +309,20 @@ class EngineClient:
     def request(self, op: str, payload=b"", **fields) -> tuple[dict, pa.Buffer | None]:
         """One request/response; raises the engine's error, or EngineNotFoundError when unreachable."""
         with self._lock:
+            self._aborted = None
             try:
                 sock = self._socket()
                 send_frame(sock, {"op": op, **fields}, payload)
                 reply = recv_frame(sock)
             except OSError as e:
                 self._drop()
-                raise EngineNotFoundError(f"engine at {self.address} is unreachable ({op}): {e}") from None
+                raise EngineNotFoundError(self._lost(op, f"is unreachable ({op}): {e}")) from None
             except ProtocolError:
                 self._drop()
                 raise
             if reply is None:
                 self._drop()
-                raise EngineNotFoundError(f"engine at {self.address} closed the connection during {op!r}")
+                raise EngineNotFoundError(self._lost(op, f"closed the connection during {op!r}"))
             header, data = reply
             err = header.get("error") or {}
             if err.get("code") in _HANG_UP:
@@ -352,6 +355,12 @@ class EngineClient:
                                      "(its token is not the one this client holds)")
             self._sock = sock
         return self._sock
+
+    def _lost(self, op: str, what: str) -> str:
+        """What a request that got no answer says: ``what`` happened, or why :meth:`abort` ended it."""
+        if self._aborted is not None:
+            return f"engine at {self.address} stopped answering during {op!r}; {self._aborted}"
+        return f"engine at {self.address} {what}"
 
     def _drop(self) -> None:
         if self._sock is not None:

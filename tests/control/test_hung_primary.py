@@ -68,6 +68,8 @@ def test_sends_leave_a_hung_primary_for_the_new_one(tmp_path):
             assert cluster.primary()["pid"] != stopped
             migration.join(MOVED_S - (time.monotonic() - t_stop))
             assert getattr(migration.error, "code", migration.error) == "MIGRATION_INTERRUPTED"
+            # it said the hung engine "closed the connection"
+            assert "stopped answering during 'deployment'; another engine host serves at" in str(migration.error)
             assert dep.migrate("agg", target)["kind"] == "migrate"  # the new primary's layout, finished
             assert dep.bin_owners("agg") == [target[b] for b in range(BINS)]
             time.sleep(max(0.0, HANG_S - (time.monotonic() - t_stop)))
