@@ -125,9 +125,9 @@ class EngineClient:
         with self._lock:
             self._drop()
 
-    def abort(self, why: str) -> None:
-        """From another thread: end the request under way, which then raises ``EngineNotFoundError`` saying
-        that its engine stopped answering and ``why`` (another one serves)."""
+    def abort(self, why: str | None = None) -> None:
+        """From another thread: end the request under way, which then raises ``EngineNotFoundError``; given
+        ``why`` (e.g. another engine serves), saying that its engine stopped answering and why."""
         self._aborted = why
         for sock in (self._sock, self._opening):
             if sock is not None:
