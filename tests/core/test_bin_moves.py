@@ -9,7 +9,6 @@ equal its output row for row, output ids (``__seq``, ``__id``) included.
 
 import pickle
 import random
-import time
 from collections import Counter
 
 import numpy as np
@@ -423,9 +422,10 @@ def test_join_with_moved_bins_gives_the_reference_pairs():
     assert_same_rows(got, want)
 
 
-def test_a_bin_state_pickles_fast():
-    """Half of a 10^6-key window aggregate's bins (~500K entries) pickle with protocol 5 in well under
-    100 ms: arrays go as whole buffers."""
+def test_a_bin_state_pickles_its_arrays_as_whole_buffers():
+    """Half of a 10^6-key window aggregate's bins (~500K entries, 96 MiB) pickle with protocol 5 as a few
+    whole buffers and a small header: no per-entry object (what made it slow). It asserted under 100 ms,
+    which a slow host missed (0.109 s) with the buffers whole."""
     op, _ = operator("tumbling")
     agg = WindowAggregate(op.window, op.by, {"n": cep.count()}, op.inputs[0].schema, op.schema, 4096, "w")
     n = 1_000_000
@@ -438,16 +438,12 @@ def test_a_bin_state_pickles_fast():
     part = agg.take_bins(np.arange(0, 4096, 2))
     assert 480_000 < part.meta[:, 0].sum() < 520_000
     state = BinState(np.arange(0, 4096, 2), part, [None])
-    best = min(_timed(lambda: pickle.dumps(state, protocol=5)) for _ in range(3))
-    assert best < 0.1, f"{best:.3f} s for {state.nbytes / 2 ** 20:.0f} MiB"
+    buffers = []
+    header = pickle.dumps(state, protocol=5, buffer_callback=buffers.append)
+    assert len(header) < 4096 and len(buffers) <= 8, (len(header), len(buffers))
+    assert sum(b.raw().nbytes for b in buffers) == state.nbytes
     back = pickle.loads(pickle.dumps(state, protocol=5))
     assert (back.state.ent == part.ent).all() and back.nbytes == state.nbytes
-
-
-def _timed(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
 
 
 def test_an_advance_adds_the_rows_of_windows_still_open_once_the_results_are_out():
