@@ -33,7 +33,7 @@ def type_name(arrow_type: pa.DataType) -> str:
     """The engine's name of an Arrow type; SchemaError for unsupported ones."""
     if pa.types.is_timestamp(arrow_type):
         return "timestamp"
-    if pa.types.is_large_string(arrow_type) or pa.types.is_string(arrow_type):
+    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type) or pa.types.is_string_view(arrow_type):
         return "string"
     for name, t in TYPES.items():
         if t == arrow_type:

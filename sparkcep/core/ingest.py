@@ -110,10 +110,13 @@ def _columns(stream: str, data) -> dict:
                                  f"a dict's values are columns, one value a row (one row: {{{name!r}: [value], ...}})",
                                  "BAD_DATA")
         return dict(data)
-    if type(data).__name__ == "DataFrame" and hasattr(data, "columns"):
+    if type(data).__name__ == "DataFrame" and type(data).__module__.startswith("pandas."):
         names = [str(c) for c in data.columns]
         _check_unique(stream, names)
         return {n: data.iloc[:, i] for i, n in enumerate(names)}
+    if type(data).__module__.startswith("pyspark."):
+        raise InputError(f"stream {stream!r}: cannot send a Spark {type(data).__name__}; write it into the stream "
+                         "with df.writeStream.format(\"upmcep\") (or df.write), or send df.toArrow()", "BAD_DATA")
     raise InputError(f"stream {stream!r}: cannot send a {type(data).__name__}; send a pyarrow Table or "
                      "RecordBatch, a pandas DataFrame or a dict of columns", "BAD_DATA")
 

@@ -189,6 +189,9 @@ def test_input_formats_and_widening():
                                            "n": pd.array([3, None], "Int32")}),
         "arrow dictionary": pa.table({"k": pa.array(["a", "b"]).dictionary_encode(), "ts": pa.array(ts, pa.timestamp("us")),
                                       "v": [1, None], "x": [1.0, None], "n": pa.array([3, None], pa.int32())}),
+        "arrow string views": pa.table({"k": pa.array(["a", "b"], pa.string_view()),
+                                        "ts": pa.array(ts, pa.timestamp("us")), "v": [1, None], "x": [1.0, None],
+                                        "n": pa.array([3, None], pa.int32())}),
         "dict": {"k": np.array(["a", "b"]), "ts": [dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=t) for t in ts],
                  "v": [1, None], "x": [1.0, None], "n": [3, None]},
     }

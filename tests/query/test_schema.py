@@ -29,8 +29,9 @@ def test_ddl_tolerates_whitespace():
 
 def test_pyarrow_schema():
     s = Schema(pa.schema([("k", pa.string()), ("t", pa.timestamp("us")), ("v", pa.float32()),
-                          ("big", pa.large_string()), ("ms", pa.timestamp("ms"))]))
-    assert s.fields == {"k": "string", "t": "timestamp", "v": "float32", "big": "string", "ms": "timestamp"}
+                          ("big", pa.large_string()), ("view", pa.string_view()), ("ms", pa.timestamp("ms"))]))
+    assert s.fields == {"k": "string", "t": "timestamp", "v": "float32", "big": "string", "view": "string",
+                        "ms": "timestamp"}
 
 
 def test_dict_of_names_and_arrow_types():

@@ -90,6 +90,14 @@ def test_option_errors(spark, engine):
         .load("all")
 
 
+def test_a_spark_dataframe_sent_to_the_engine_is_refused_naming_the_way_in(spark, engine):
+    """It raised PySparkAttributeError ("Attribute `iloc` is not supported"): it was taken for pandas'."""
+    engine.deploy(demo_query())
+    df = spark.createDataFrame([("1.1.1.1", 1)], "ip STRING, bytes BIGINT")
+    with pytest.raises(cep.InputError, match=r"'connections'.*cannot send a Spark DataFrame.*writeStream\.format"):
+        engine.send("connections", df)
+
+
 def test_token_file_option(spark, engine, tmp_path):
     """An explicit token file wins over the one the engine wrote under $SPARKCEP_HOME."""
     from sparkcep import auth
