@@ -15,7 +15,7 @@ import pyarrow as pa
 from sparkcep.arguments import checked, closest, unknown
 from sparkcep.errors import QueryError, SchemaError
 from sparkcep.query.aggregates import AggFunc
-from sparkcep.query.expressions import Col, Expr, col
+from sparkcep.query.expressions import Col, Expr, col, lit
 from sparkcep.query.running import Running
 from sparkcep.query.windows import TimeWindow, TupleWindow
 from sparkcep.schema import Schema, as_schema
@@ -64,7 +64,8 @@ class Map(Operator):
         self.fields = {k: (col(v) if isinstance(v, str) else v) for k, v in fields.items()}
         for k, e in self.fields.items():
             if not isinstance(e, Expr):
-                raise QueryError(f"map() field {k!r}: expected a field name or expression, got {e!r}")
+                hint = f" (a constant: cep.lit({e!r}))" if _is_constant(e) else ""
+                raise QueryError(f"map() field {k!r}: expected a field name or expression, got {e!r}{hint}")
         schema = Schema({k: _nonnull_type(e.type(source.schema), k) for k, e in self.fields.items()})
         super().__init__(query, [source], schema, name)
 
@@ -432,6 +433,15 @@ class Stream:
 
 
 AGGREGATE_ARGS = ("window", "by", "name", "late")
+
+
+def _is_constant(value) -> bool:
+    """Whether ``value`` makes a literal (:func:`sparkcep.query.expressions.lit`)."""
+    try:
+        lit(value)
+    except QueryError:
+        return False
+    return value is not None
 
 
 def _streams(others, me: Stream) -> list[Stream]:

@@ -22,3 +22,18 @@ def test_a_field_given_twice_is_an_error():
         s.map({"id": "id"}, id="id")
     with pytest.raises(cep.QueryError, match="at least one output field"):
         s.map({})
+
+
+def test_a_constant_field_is_refused_naming_lit():
+    s = cep.Query("m").stream("ev", "id int64")
+    with pytest.raises(cep.QueryError, match=r"field 'c': expected a field name or expression, got 3 \(a constant: "
+                                             r"cep\.lit\(3\)\)$"):
+        s.map(c=3)
+    with pytest.raises(cep.QueryError, match=r"got \[1\]$"):
+        s.map(c=[1])
+    assert s.map(c=cep.lit(3)).schema.names == ["c"]
+
+
+def test_the_package_lists_each_public_name_once():
+    names = dir(cep)
+    assert len(names) == len(set(names)) and {"Query", "lit", "Engine"} <= set(names)
