@@ -67,8 +67,10 @@ class TimeWindow:
         self.size_us = duration_us(size, "window size")
         self.advance_us = self.size_us if advance is None else duration_us(advance, "window advance")
         self.lateness_us = duration_us(lateness, "lateness")
-        if self.size_us <= 0 or self.advance_us <= 0:
-            raise QueryError(f"window size and advance must be positive, got {size!r} and {advance!r}")
+        if self.size_us <= 0:
+            raise QueryError(f"window size must be positive, got {size!r}")
+        if self.advance_us <= 0:
+            raise QueryError(f"window advance must be positive, got {advance!r}")
         if self.advance_us > self.size_us:
             raise QueryError(f"window advance {advance!r} is larger than its size {size!r}: tuples would fall between windows")
         if self.lateness_us < 0:

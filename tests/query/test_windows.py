@@ -71,9 +71,12 @@ def test_time_window_defaults_to_tumbling():
     assert (w.size_us, w.advance_us, w.lateness_us) == (30_000_000, 10_000_000, 5_000_000)
 
 
-@pytest.mark.parametrize("args", [("0s",), ("10s", "20s"), ("10s", "0s")])
-def test_bad_time_windows(args):
-    with pytest.raises(cep.QueryError):
+@pytest.mark.parametrize("args,words", [(("0s",), "window size must be positive, got '0s'$"),
+                                        ((0,), "window size must be positive, got 0$"),
+                                        (("10s", "20s"), "larger than its size"),
+                                        (("10s", "0s"), "window advance must be positive, got '0s'$")])
+def test_bad_time_windows(args, words):
+    with pytest.raises(cep.QueryError, match=words):
         cep.TimeWindow(*args)
 
 
