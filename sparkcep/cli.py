@@ -10,7 +10,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import re
 import sys
+
+from sparkcep.arguments import did_you_mean
 
 COMMANDS = {
     "worker": ("sparkcep.runtime.instance_manager", "run an instance manager: a service engines deploy instances to"),
@@ -32,15 +35,38 @@ COMMANDS = {
 ONE_SHOT = {"status", "deploy", "undeploy", "rescale", "migrate"}
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, naming the closest valid choice of a mistyped one."""
+
+    def error(self, message: str):
+        wrong = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if wrong:
+            message += did_you_mean(wrong[1], [c.strip("'") for c in wrong[2].split(", ")])
+        super().error(message)
+
+
+def _check_options(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """Refuse an option ``parser`` does not have, naming the closest it has (before argparse, which
+    would first say that a required option is missing when it is only misspelled)."""
+    options = [o for a in parser._actions for o in a.option_strings]
+    for arg in argv:
+        if arg == "--":
+            return
+        name = arg.split("=")[0]
+        if arg.startswith("--") and not any(o.startswith(name) for o in options):  # argparse takes prefixes
+            parser.error(f"unrecognized arguments: {arg}{did_you_mean(name, options)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="sparkcep", description="UPM-CEP streaming engine")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = Parser(prog="sparkcep", description="UPM-CEP streaming engine")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     chosen = next((a for a in argv if not a.startswith("-")), None)
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name == chosen:
             importlib.import_module(module).add_arguments(p)
+            _check_options(p, argv[argv.index(name) + 1:])
     args = parser.parse_args(argv)
     if args.command in ONE_SHOT:
         logging.getLogger("kazoo").setLevel(logging.CRITICAL)

@@ -197,6 +197,25 @@ def test_a_count_no_command_can_use_is_refused_before_reaching_anything(argv, sa
     assert capsys.readouterr().err.strip().splitlines()[-1] == f"sparkcep {argv[0]}: error: {says}"
 
 
+@pytest.mark.parametrize("argv,begins,ends", [
+    (["statu"], "sparkcep: error: argument command: invalid choice: 'statu' (choose from 'worker', 'status', ",
+     "(did you mean 'status'?)"),
+    (["migrate", "q", "agg", "--zk", "127.0.0.1:1/x", "--tokenfile", "t"],
+     "sparkcep migrate: error: unrecognized arguments: --tokenfile", " (did you mean '--token-file'?)"),
+    (["status", "--jsn"], "sparkcep status: error: unrecognized arguments: --jsn", " (did you mean '--json'?)"),
+    (["bench", "fixwindw"], "sparkcep bench: error: argument workload: invalid choice: 'fixwindw' (choose from ",
+     "(did you mean 'fixwindow'?)"),
+])
+def test_a_mistyped_command_or_option_is_refused_naming_the_closest(argv, begins, ends, capsys):
+    """``migrate --tokenfile t`` said only that --token-file was missing; no message named the closest."""
+    from sparkcep import cli
+    with pytest.raises(SystemExit) as stop:
+        cli.main(argv)
+    assert stop.value.code == 2
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    assert said.startswith(begins) and said.endswith(ends), said
+
+
 def test_a_deploy_with_the_workers_it_needs_does_not_warn_while_it_waits_to_spread(cluster, monkeypatch, caplog):
     """Three instances on two workers: it waits SETTLE_S for a third to join, silently; it said "waiting for
     instance managers ... (up to 57 s more)" as if the deploy could take a minute."""
