@@ -110,7 +110,7 @@ def _columns(stream: str, data) -> dict:
                                  f"a dict's values are columns, one value a row (one row: {{{name!r}: [value], ...}})",
                                  "BAD_DATA")
         return dict(data)
-    if type(data).__name__ == "DataFrame" and type(data).__module__.startswith("pandas."):
+    if any(c.__name__ == "DataFrame" and c.__module__.startswith("pandas.") for c in type(data).__mro__):
         names = [str(c) for c in data.columns]
         _check_unique(stream, names)
         return {n: data.iloc[:, i] for i, n in enumerate(names)}

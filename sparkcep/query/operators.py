@@ -436,7 +436,8 @@ AGGREGATE_ARGS = ("window", "by", "name", "late")
 
 
 def _is_constant(value) -> bool:
-    """Whether ``value`` makes a literal (:func:`sparkcep.query.expressions.lit`)."""
+    """Whether ``value`` is a constant :func:`sparkcep.query.expressions.lit` takes (but None, which has
+    no type)."""
     try:
         lit(value)
     except QueryError:

@@ -184,6 +184,9 @@ def test_input_formats_and_widening():
                                   "v": [1, None], "x": pa.array([1.0, None], pa.float32()), "n": [3, None]}),
         "pandas": pd.DataFrame({"k": ["a", "b"], "ts": pd.to_datetime(ts, unit="us"), "v": pd.array([1, None], "Int64"),
                                 "x": [1.0, np.nan], "n": pd.array([3, None], "Int32")}),
+        "pandas subclass": type("Frame", (pd.DataFrame,), {})(
+            {"k": ["a", "b"], "ts": pd.to_datetime(ts, unit="us"), "v": pd.array([1, None], "Int64"),
+             "x": [1.0, np.nan], "n": pd.array([3, None], "Int32")}),
         "pandas categories": pd.DataFrame({"k": pd.Categorical(["a", "b"]), "ts": pd.to_datetime(ts, unit="us"),
                                            "v": pd.array([1, None], "Int64"), "x": [1.0, np.nan],
                                            "n": pd.array([3, None], "Int32")}),
