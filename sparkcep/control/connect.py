@@ -45,7 +45,7 @@ from sparkcep.runtime.output_log import Subscription
 from sparkcep.runtime.send_ids import send_id_of
 
 REQUEST_TIMEOUT_S = 120.0  # a deploy waits this long for an orchestrator to answer
-REGISTRY_TIMEOUT_S = 10.0  # to reach a cluster's registry to find its engine host
+REGISTRY_TIMEOUT_S = 10.0  # to reach a cluster's registry to find its engine host (a client: retry_s, if longer)
 RETRY_S = 30.0  # a call rides through a data path's failure this long before it raises
 POLL_S = 0.05
 HANG_CHECK_S = 0.5  # a call waiting this long looks at the registry: has another engine host taken over?
@@ -89,7 +89,8 @@ class DataPath:
 
     def __init__(self, zk: str, token: str, retry_s: float = RETRY_S):
         self.zk, self.token, self.retry_s = zk, token, retry_s
-        self.registry = open_registry(zk, session_timeout=2.0, timeout=REGISTRY_TIMEOUT_S, token=token)
+        self.registry = open_registry(zk, session_timeout=2.0, timeout=max(REGISTRY_TIMEOUT_S, retry_s),
+                                      token=token)  # a ZooKeeper restarting is ridden through as a data path's failure
         self._address: str | None = None
         self._lock = threading.Lock()
         self._waiting: dict[EngineClient, float] = {}  # clients with a call under way -> since when

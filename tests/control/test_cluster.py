@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -32,9 +33,10 @@ import sparkcep as cep
 from harness import plain
 from reference import assert_same_rows
 from sparkcep import auth
-from sparkcep.control import tree
+from sparkcep.control import connect, tree
 from sparkcep.control.registry import ZkRegistry
 from sparkcep.control.registry.nodes import LEASES
+from sparkcep.control.zookeeper import free_port
 from sparkcep.runtime.worker_start import Starting, wait_ready
 from harness import wait
 
@@ -251,3 +253,59 @@ def test_a_worker_started_again_at_once_under_its_name_waits_out_the_dead_ones_s
                            "--token-file", str(c.token_file)], env=ENV, text=True, capture_output=True, timeout=120)
     assert twin.returncode == 1 and "[MEMBER_EXISTS]" in twin.stderr, twin.stderr
     assert "waiting" not in twin.stdout and time.monotonic() - t0 < 60, (twin.stdout, time.monotonic() - t0)
+
+
+class LateRelay:
+    """A TCP relay to ``target`` (HOST:PORT) that listens on ``port`` only from ``delay`` s on: a registry
+    server that answers late, as one restarting does."""
+
+    def __init__(self, port: int, target: str, delay: float):
+        self.port, self.target, self.sockets = port, target, []
+        self.timer = threading.Timer(delay, self._listen)
+        self.timer.start()
+
+    def _listen(self):
+        server = socket.create_server(("127.0.0.1", self.port))
+        self.sockets.append(server)
+        threading.Thread(target=self._accept, args=(server,), daemon=True).start()
+
+    def _accept(self, server):
+        host, port = self.target.rsplit(":", 1)
+        while True:
+            try:
+                near, _ = server.accept()
+            except OSError:
+                return
+            far = socket.create_connection((host, int(port)))
+            self.sockets += [near, far]
+            for a, b in ((near, far), (far, near)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src, dst):
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+
+    def close(self):
+        self.timer.cancel()
+        for s in self.sockets:
+            s.close()
+
+
+def test_connect_waits_for_a_registry_that_answers_late_as_long_as_retry_s(cluster, monkeypatch):
+    """``Engine.connect(retry_s=...)`` gave up on the registry after 10 s whatever ``retry_s``: a ZooKeeper
+    restarting for longer failed it with REGISTRY_UNREACHABLE (here the 10 s are made 0.5 s)."""
+    monkeypatch.setattr(connect, "REGISTRY_TIMEOUT_S", 0.5)
+    hosts, root = cluster.zk.split("/", 1)
+    relay = LateRelay(free_port(), hosts, delay=1.5)
+    try:
+        started = time.monotonic()
+        with cep.Engine.connect(f"zk://127.0.0.1:{relay.port}/{root}", token_file=str(cluster.token_file),
+                                retry_s=20) as engine:
+            assert time.monotonic() - started >= 1.5
+            assert len(engine.instance_managers()) >= 1
+    finally:
+        relay.close()
