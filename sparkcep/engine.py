@@ -133,7 +133,7 @@ class Engine:
         send, end, collect, subscribe and metrics straight to its data path
         (:class:`sparkcep.control.connect.ConnectedEngine`), riding through its fail-overs for up to
         ``retry_s`` seconds a call. ``token``, or the file holding it (not both)."""
-        from sparkcep.control.connect import ConnectedEngine
+        from sparkcep.control.connect import REGISTRY_TIMEOUT_S, ConnectedEngine
         retry_s = number(retry_s, "retry_s", error=EngineError, code="BAD_OPTION")
         if token is not None and token_file is not None:
             raise EngineError("Engine.connect takes token= or token_file=, not both", "BAD_OPTION")
@@ -142,7 +142,8 @@ class Engine:
                 raise EngineError("Engine.connect needs the cluster's token (token=... or token_file=...)",
                                   "TOKEN_NOT_FOUND")
             token = auth.read(token_file)
-        return ConnectedEngine(address, token, retry_s=retry_s)
+        # a registry that answers late (a ZooKeeper restarting) is waited for as a data path's failure is
+        return ConnectedEngine(address, token, retry_s=retry_s, registry_s=max(REGISTRY_TIMEOUT_S, retry_s))
 
     def _cluster(self):
         """The instance managers (created on first use)."""

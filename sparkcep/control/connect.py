@@ -45,7 +45,7 @@ from sparkcep.runtime.output_log import Subscription
 from sparkcep.runtime.send_ids import send_id_of
 
 REQUEST_TIMEOUT_S = 120.0  # a deploy waits this long for an orchestrator to answer
-REGISTRY_TIMEOUT_S = 10.0  # to reach a cluster's registry to find its engine host (a client: retry_s, if longer)
+REGISTRY_TIMEOUT_S = 10.0  # to reach a cluster's registry to find its engine host
 RETRY_S = 30.0  # a call rides through a data path's failure this long before it raises
 POLL_S = 0.05
 HANG_CHECK_S = 0.5  # a call waiting this long looks at the registry: has another engine host taken over?
@@ -87,10 +87,10 @@ class DataPath:
     """The data path of the cluster whose registry is at ``zk``: clients of wherever ``/engine`` says it
     serves now, found again when it moves."""
 
-    def __init__(self, zk: str, token: str, retry_s: float = RETRY_S):
+    def __init__(self, zk: str, token: str, retry_s: float = RETRY_S, registry_s: float | None = None):
         self.zk, self.token, self.retry_s = zk, token, retry_s
-        self.registry = open_registry(zk, session_timeout=2.0, timeout=max(REGISTRY_TIMEOUT_S, retry_s),
-                                      token=token)  # a ZooKeeper restarting is ridden through as a data path's failure
+        self.registry = open_registry(zk, session_timeout=2.0, token=token,
+                                      timeout=REGISTRY_TIMEOUT_S if registry_s is None else registry_s)
         self._address: str | None = None
         self._lock = threading.Lock()
         self._waiting: dict[EngineClient, float] = {}  # clients with a call under way -> since when
@@ -193,12 +193,13 @@ class ConnectedEngine:
     """The engine of the cluster whose registry is at ``address`` (``zk://...``), reached with ``token``.
 
     ``retry_s``: how long a call rides through a failure of the data path
-    before it raises (see the module's docstring).
+    before it raises (see the module's docstring); ``registry_s``: how long to wait for
+    the registry to answer at first (default REGISTRY_TIMEOUT_S; ``Engine.connect``: ``retry_s`` if longer).
     """
 
-    def __init__(self, address: str, token: str, retry_s: float = RETRY_S):
+    def __init__(self, address: str, token: str, retry_s: float = RETRY_S, registry_s: float | None = None):
         self.address, self.token = address, token
-        self.path = DataPath(address, token, retry_s)
+        self.path = DataPath(address, token, retry_s, registry_s)
         self.registry = self.path.registry
         self._lock = threading.Lock()  # one request at a time on the shared client
         try:

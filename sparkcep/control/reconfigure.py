@@ -5,7 +5,8 @@
     sparkcep migrate --zk HOST:PORT/PATH --token-file F QUERY OPERATOR --file moves.txt
 
 Each runs the method of the same name of the deployed query
-(``cep.Engine.connect(zk, token_file=F).deployment(QUERY)``) with
+(``cep.Engine.connect(zk, token_file=F).deployment(QUERY)``, its registry waited for 10 s as by
+``sparkcep deploy``) with
 ``--strategy``, ``--batch`` and ``--gap-ms`` as the Python methods take
 them, and prints its report. ``--bins`` takes bins and inclusive ranges
 (``0-63,128``); ``--to`` one instance for every bin, or one per bin;
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from sparkcep import auth
 from sparkcep.arguments import whole_number
 from sparkcep.errors import QueryError, SparkcepError
 
@@ -53,9 +55,9 @@ def run(args) -> int:
             instances = _number(args.instances, "N (instances)", int, "BAD_INSTANCE")
         else:
             assignment = _assignment(args)
-        import sparkcep as cep
+        from sparkcep.control.connect import ConnectedEngine
         from sparkcep.control.orchestrator import zk_address
-        with cep.Engine.connect(zk_address(args.zk), token_file=args.token_file) as engine:
+        with ConnectedEngine(zk_address(args.zk), auth.read(args.token_file)) as engine:
             deployed = engine.deployment(args.query)
             if command == "rescale":
                 report = deployed.rescale(args.operator, instances, **options)
