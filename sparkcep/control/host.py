@@ -184,6 +184,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     """Body of ``sparkcep engine-host`` (started by the leading orchestrator): serve until stopped."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s engine-host %(message)s")
+    logging.getLogger("kazoo").setLevel(logging.WARNING)  # not a line per connection attempt
     zk = args.zk if args.zk.startswith("zk://") else f"zk://{args.zk}"
     name = args.name or f"h-{uuid.uuid4().hex[:8]}"
     stop = threading.Event()

@@ -453,6 +453,7 @@ def run(args) -> int:
     """Body of ``sparkcep orchestrator``: lead or stand by until SIGTERM or Ctrl-C (stopping within seconds,
     the registry up or not)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s orchestrator %(message)s")
+    logging.getLogger("kazoo").setLevel(logging.WARNING)  # not a line per connection attempt
     zk = zk_address(args.zk)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -163,6 +163,23 @@ def test_a_command_that_cannot_reach_zookeeper_says_so_once(monkeypatch, capsys,
     assert not [r for r in caplog.records if r.name.startswith("kazoo")], caplog.records[:3]
 
 
+def test_an_orchestrator_that_cannot_reach_zookeeper_says_so_in_one_line(tmp_path):
+    """It logged the ZooKeeper client's "Connecting to 127.0.0.1:PORT" line a retry (7 in 3 s) and its
+    "session closed" before its own line."""
+    from sparkcep import auth
+    from sparkcep.control.zookeeper import free_port
+    token = tmp_path / "token"
+    auth.write(token, auth.generate())
+    address = f"127.0.0.1:{free_port()}"
+    run = subprocess.run([sys.executable, "-m", "sparkcep", "orchestrator", "--zk", f"{address}/x", "--token-file",
+                          str(token), "--name", "o"], env=ENV, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].endswith(f"orchestrator no ZooKeeper server answered at {address} within "
+                                                 "3.0 s (a local one for development: sparkcep zookeeper) "
+                                                 "[REGISTRY_UNREACHABLE]"), lines
+
+
 def test_a_deploy_needing_more_workers_than_joined_says_so_after_one_wait(cluster, monkeypatch):
     """Five replicas on two workers: NOT_ENOUGH_WORKERS once the client's wait for members is over. The
     client waited, then the data path waited as long again (``sparkcep deploy --replicas 100``: 121 s)."""
