@@ -66,7 +66,8 @@ def run(args) -> int:
     except SparkcepError as e:
         print(f"sparkcep {command}: {e} [{e.code}]", file=sys.stderr)
         return 1
-    what = f"to {instances} instances" if command == "rescale" else f"{len(assignment)} bins"
+    what = (f"to {instances} instances" if command == "rescale"
+            else f"{len(assignment)} bins asked for, {report['bins']} moved (the others were there already)")
     print(f"{command}: {args.operator} of {args.query} ({deployed.id}), {what}")
     for key in REPORT_KEYS:
         print(f"  {key:>15}: {report[key]}")

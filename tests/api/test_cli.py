@@ -60,11 +60,12 @@ def test_rescale_and_migrate_from_the_command_line_between_two_runs_of_the_feed(
 
         moves = cluster.token_file + ".moves"
         with open(moves, "w") as f:
-            f.write("# bin=instance\n0-3=0\n20=1  # back\n")
+            f.write("# bin=instance\n0-3=0\n20=1  # back\n9=2  # where it is\n")
         run = cluster.cli("migrate", *zk, "clicks", "per_ip", "--file", moves)
         assert run.returncode == 0, run.stderr
         owners = dep.bin_owners("per_ip")
-        assert [owners[b] for b in (0, 1, 2, 3, 20)] == [0, 0, 0, 0, 1] and int(report(run.stdout)["bins"]) == 5
+        assert [owners[b] for b in (0, 1, 2, 3, 20, 9)] == [0, 0, 0, 0, 1, 2] and int(report(run.stdout)["bins"]) == 5
+        assert run.stdout.splitlines()[0].endswith(", 6 bins asked for, 5 moved (the others were there already)")
         feed(cluster)  # again: the stream never ended, the windows go on
         assert [r["kind"] for r in dep.migrations()["finished"]] == ["rescale", "migrate", "migrate"]
 
