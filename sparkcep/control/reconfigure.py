@@ -5,8 +5,8 @@
     sparkcep migrate --zk HOST:PORT/PATH --token-file F QUERY OPERATOR --file moves.txt
 
 Each runs the method of the same name of the deployed query
-(``cep.Engine.connect(zk, token_file=F).deployment(QUERY)``, its registry waited for 10 s as by
-``sparkcep deploy``) with
+(``cep.Engine.connect(zk, token_file=F).deployment(QUERY)``; the registry is waited
+for 10 s, as by ``sparkcep deploy``) with
 ``--strategy``, ``--batch`` and ``--gap-ms`` as the Python methods take
 them, and prints its report. ``--bins`` takes bins and inclusive ranges
 (``0-63,128``); ``--to`` one instance for every bin, or one per bin;
@@ -66,8 +66,11 @@ def run(args) -> int:
     except SparkcepError as e:
         print(f"sparkcep {command}: {e} [{e.code}]", file=sys.stderr)
         return 1
-    what = (f"to {instances} instances" if command == "rescale"
-            else f"{len(assignment)} bins asked for, {report['bins']} moved (the others were there already)")
+    if command == "rescale":
+        what = f"to {instances} instances"
+    else:
+        stayed = len(assignment) - report["bins"]
+        what = f"{len(assignment)} bins" + (f" asked for, {report['bins']} moved ({stayed} there already)" if stayed else "")
     print(f"{command}: {args.operator} of {args.query} ({deployed.id}), {what}")
     for key in REPORT_KEYS:
         print(f"  {key:>15}: {report[key]}")
