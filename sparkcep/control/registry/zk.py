@@ -62,13 +62,13 @@ def _code(error: BaseException) -> str | None:
     return next((code for kind, code in _CODES if isinstance(error, kind)), None)
 
 
-class _Connecting(logging.Filter):
-    """Leaves out the ZooKeeper client's line per failed attempt while a registry first connects: it
-    connects, or REGISTRY_UNREACHABLE says so once. Later connection losses are still logged (the
-    clients of a process share kazoo's logger: another one's lines go unsaid for those seconds too)."""
+class _PerAttempt(logging.Filter):
+    """Leaves out the ZooKeeper client's line per failed connection attempt (a dozen in 10 s) while a
+    registry is open: it says once that its connection was lost (and REGISTRY_UNREACHABLE, at start, that
+    it found none). The clients of a process share kazoo's logger: another one's lines go unsaid too."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(("Connection dropped", "Failed connecting"))
+        return not str(record.msg).startswith(("Connection dropped", "Failed connecting", "Transition to CONNECTING"))
 
 
 class ZkRegistry(Registry):
@@ -107,15 +107,14 @@ class ZkRegistry(Registry):
             raise RegistryError(f"bad ZooKeeper hosts {hosts!r}: {e}; expected HOST:PORT[,HOST:PORT...]",
                                 "BAD_ADDRESS") from None
         self._client.add_listener(self._on_kazoo_state)
-        quiet = _Connecting()
-        self._client.logger.addFilter(quiet)
+        self._quiet = _PerAttempt()
+        self._client.logger.addFilter(self._quiet)
         try:
             self._client.start(timeout=timeout)
         except KazooTimeoutError:
+            self._client.logger.removeFilter(self._quiet)
             raise RegistryError(f"no ZooKeeper server answered at {hosts} within {timeout} s "
                                 "(a local one for development: sparkcep zookeeper)", "REGISTRY_UNREACHABLE") from None
-        finally:
-            self._client.logger.removeFilter(quiet)
         try:
             self.create("/", {})
         except RegistryError as e:
@@ -310,9 +309,13 @@ class ZkRegistry(Registry):
             return
         if state == "CONNECTED":
             self._connected.set()
+            if self._cut_since is not None:
+                log.info("registry %s: connected again after %.1f s", self.address, time.monotonic() - self._cut_since)
             self._cut_since = None
         else:
             self._connected.clear()
+            if self._cut_since is None:
+                log.warning("registry %s: connection lost (%s); reconnecting", self.address, state)
             self._cut_since = self._cut_since or time.monotonic()
         self._set_state(State(state))
         if state == "CONNECTED":
@@ -354,3 +357,4 @@ class ZkRegistry(Registry):
             self._client.stop()
         finally:
             self._client.close()
+            self._client.logger.removeFilter(self._quiet)
