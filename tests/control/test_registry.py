@@ -289,7 +289,8 @@ def test_an_unreachable_server_is_said_once_not_per_attempt(caplog):
 def test_server_going_away_suspends_then_fails_naming_the_operation(tmp_path, caplog):
     """SUSPENDED: the lease is no longer assumed held; operations retry up to the timeout, then fail. The
     loss is logged once, not as the ZooKeeper client's line per reconnection attempt (a dozen in 10 s,
-    printed by any program without logging set up)."""
+    printed by any program without logging set up); so is the new session started while the server stays
+    away (one every 3 s here), and the reconnection names the whole outage."""
     server = ZooKeeperServer(data_dir=tmp_path / "zk")
     try:
         hosts = server.start(timeout=60)
@@ -300,17 +301,25 @@ def test_server_going_away_suspends_then_fails_naming_the_operation(tmp_path, ca
         caplog.clear()  # the server's start is logged by the client probing it
         with caplog.at_level(logging.INFO):
             server.stop()  # its data dir is the test's: kept
+            stopped = time.monotonic()
             states.wait_for(State.SUSPENDED, timeout=10)
             assert not lease.is_leader
             started = time.monotonic()
             with pytest.raises(RegistryError) as err:
                 r.get("/members")
-        assert err.value.code == "REGISTRY_UNREACHABLE" and "get /members" in str(err.value)
-        assert time.monotonic() - started < 1.5 + 3
+            assert err.value.code == "REGISTRY_UNREACHABLE" and "get /members" in str(err.value)
+            assert time.monotonic() - started < 1.5 + 3
+            time.sleep(max(0.0, stopped + 3 * (SESSION_TIMEOUT + 1) - time.monotonic()))
+            away = time.monotonic() - stopped
+            server.start(timeout=60)
+            states.wait_for(State.CONNECTED, timeout=30)
         said = [(rec.name, rec.getMessage()) for rec in caplog.records if rec.levelno >= logging.WARNING]
         assert not [m for name, m in said if name.startswith("kazoo")], said
         assert [m for _, m in said if "connection lost" in m] == \
             [f"registry zk://{hosts}/tests/away: connection lost (SUSPENDED); reconnecting"], said
+        assert len([m for _, m in said if "starting a new session" in m]) == 1, said
+        again = [rec.getMessage() for rec in caplog.records if "connected again" in rec.getMessage()]
+        assert len(again) == 1 and float(again[0].split(" after ")[1].rstrip(" s")) >= away, again
         r.close()
     finally:
         server.stop()

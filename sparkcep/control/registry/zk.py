@@ -95,6 +95,7 @@ class ZkRegistry(Registry):
         self._watches: list[Watch] = []  # renewed at each CONNECTED
         self._retry = KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0, deadline=timeout)
         self._cut_since: float | None = None  # when the connection dropped, while it is down
+        self._session_since: float | None = None  # when the current session's attempts began, while down
         acl = auth_data = None
         if token is not None:
             password = acl_password(token)
@@ -307,16 +308,18 @@ class ZkRegistry(Registry):
         """kazoo's state listener, on its connection thread: record, tell listeners, renew the watches."""
         if self._closed:
             return
-        if state == "CONNECTED":
-            self._connected.set()
-            if self._cut_since is not None:
-                log.info("registry %s: connected again after %.1f s", self.address, time.monotonic() - self._cut_since)
-            self._cut_since = None
-        else:
-            self._connected.clear()
-            if self._cut_since is None:
-                log.warning("registry %s: connection lost (%s); reconnecting", self.address, state)
-            self._cut_since = self._cut_since or time.monotonic()
+        with self._lock:
+            if state == "CONNECTED":
+                self._connected.set()
+                if self._cut_since is not None:
+                    log.info("registry %s: connected again after %.1f s", self.address,
+                             time.monotonic() - self._cut_since)
+                self._cut_since = self._session_since = None
+            else:
+                self._connected.clear()
+                if self._cut_since is None:
+                    log.warning("registry %s: connection lost (%s); reconnecting", self.address, state)
+                    self._cut_since = self._session_since = time.monotonic()
         self._set_state(State(state))
         if state == "CONNECTED":
             for watch in self._watches:
@@ -324,17 +327,19 @@ class ZkRegistry(Registry):
 
     def _watchdog(self) -> None:
         """Start a new session once the connection has been down longer than the session timeout: the old
-        one is over on the server (or the server restarted empty and refuses it)."""
+        one is over on the server (or the server restarted empty and refuses it). Said once an outage."""
         while not self._closed:
             time.sleep(0.2)
-            cut = self._cut_since
-            if cut is None or time.monotonic() - cut < self.session_timeout + 1.0:
-                continue
-            log.warning("registry %s: no connection for %.1f s: starting a new session", self.address,
-                        time.monotonic() - cut)
-            client = self._client
-            client._session_id, client._session_passwd, client.last_zxid = None, b"\x00" * 16, 0
-            self._cut_since = time.monotonic()
+            with self._lock:
+                now, since = time.monotonic(), self._session_since
+                if since is None or now - since < self.session_timeout + 1.0:
+                    continue
+                log.log(logging.WARNING if since == self._cut_since else logging.DEBUG,
+                        "registry %s: no connection for %.1f s: starting a new session", self.address,
+                        now - self._cut_since)
+                client = self._client
+                client._session_id, client._session_passwd, client.last_zxid = None, b"\x00" * 16, 0
+                self._session_since = now
             if self._state is not State.LOST:
                 self._set_state(State.LOST)
 
