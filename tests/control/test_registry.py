@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -321,6 +322,50 @@ def test_server_going_away_suspends_then_fails_naming_the_operation(tmp_path, ca
         again = [rec.getMessage() for rec in caplog.records if "connected again" in rec.getMessage()]
         assert len(again) == 1 and float(again[0].split(" after ")[1].rstrip(" s")) >= away, again
         r.close()
+    finally:
+        server.stop()
+
+
+def test_a_reconnection_as_a_new_session_starts_is_told_after_that_sessions_loss(tmp_path):
+    """The watchdog starts a new session once the server has been away longer than the session timeout. A
+    reconnection at that very moment (kazoo's CONNECTED, on its connection thread) is told after the new
+    session's LOST, so the registry ends CONNECTED (told LOST last, its owners would wait for a CONNECTED
+    that had come), and the watchdog does not go on starting sessions for an outage that is over."""
+    server = ZooKeeperServer(data_dir=tmp_path / "zk")
+    try:
+        hosts = server.start(timeout=60)
+        r = ZkRegistry(hosts, "/tests/race", session_timeout=SESSION_TIMEOUT, timeout=1.5)
+        states, reconnections = Recorder(), []
+        r.add_listener(states)
+        tell = r._set_state
+
+        def slow_to_tell(state):  # the window the race needs, made wide
+            if state is State.LOST:
+                time.sleep(0.3)
+            tell(state)
+
+        class ReconnectAtNewSession(logging.Handler):
+            def emit(self, record):
+                if "starting a new session" in record.getMessage():
+                    kazoo = threading.Thread(target=r._on_kazoo_state, args=("CONNECTED",))
+                    kazoo.start()
+                    kazoo.join(0.5)
+                    reconnections.append(kazoo)
+
+        r._set_state = slow_to_tell
+        handler = ReconnectAtNewSession()
+        logger = logging.getLogger("sparkcep.control.registry")
+        logger.addHandler(handler)
+        try:
+            server.stop()
+            states.wait_for(State.LOST, timeout=SESSION_TIMEOUT + 10)
+            reconnections[0].join(5)
+            time.sleep(SESSION_TIMEOUT + 2)  # the watchdog, counting on, would start another session by now
+            assert r.state is State.CONNECTED and states.values[-2:] == [State.LOST, State.CONNECTED], states.values
+            assert len(reconnections) == 1
+        finally:
+            logger.removeHandler(handler)
+            r.close()
     finally:
         server.stop()
 

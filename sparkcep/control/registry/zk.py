@@ -305,7 +305,10 @@ class ZkRegistry(Registry):
                 log.warning("watch on %s not renewed: %s", watch.path, e)
 
     def _on_kazoo_state(self, state) -> None:
-        """kazoo's state listener, on its connection thread: record, tell listeners, renew the watches."""
+        """kazoo's state listener, on its connection thread: record, tell listeners, renew the watches.
+
+        It and the watchdog change the state under one lock: a reconnection the moment the watchdog starts a
+        new session is told after that session's LOST, and does not leave the watchdog counting an outage."""
         if self._closed:
             return
         with self._lock:
@@ -320,7 +323,7 @@ class ZkRegistry(Registry):
                 if self._cut_since is None:
                     log.warning("registry %s: connection lost (%s); reconnecting", self.address, state)
                     self._cut_since = self._session_since = time.monotonic()
-        self._set_state(State(state))
+            self._set_state(State(state))  # under the lock: a new session's LOST is told before its CONNECTED
         if state == "CONNECTED":
             for watch in self._watches:
                 self.call_soon(lambda watch=watch: self._refresh(watch))
@@ -340,8 +343,8 @@ class ZkRegistry(Registry):
                 client = self._client
                 client._session_id, client._session_passwd, client.last_zxid = None, b"\x00" * 16, 0
                 self._session_since = now
-            if self._state is not State.LOST:
-                self._set_state(State.LOST)
+                if self._state is not State.LOST:
+                    self._set_state(State.LOST)
 
     def call_soon(self, fn: Callable[[], object]) -> None:
         def run():
