@@ -14,6 +14,7 @@ their server with the same :class:`ZooKeeperServer`.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -35,6 +36,9 @@ JAR_DIR = "/usr/share/java"
 JARS = ("zookeeper.jar", "slf4j-simple.jar")  # zookeeper.jar's manifest names the rest of its class path
 PACKAGES = "openjdk-17-jre-headless zookeeper"
 MAIN = "org.apache.zookeeper.server.ZooKeeperServerMain"
+# the readiness probe's client: its first attempts fail while the server warms up ("Connection dropped"), as expected
+_PROBE_LOG = logging.getLogger("sparkcep.zookeeper.probe")
+_PROBE_LOG.setLevel(logging.ERROR)
 
 
 class ZooKeeperError(EngineError):
@@ -154,7 +158,7 @@ class ZooKeeperServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and self.process.poll() is None:
             if answers(self.port):
-                client = KazooClient(self.address, timeout=10)
+                client = KazooClient(self.address, timeout=10, logger=_PROBE_LOG)
                 try:
                     client.start(timeout=max(deadline - time.monotonic(), 0.1))
                     return True
