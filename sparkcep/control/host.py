@@ -67,8 +67,11 @@ class EngineHost:
         self.endpoint.guard = self._guard
         self.endpoint.on_shutdown = self.stopped.set
         self.endpoint._ops["journal"] = self._journal_op
+        for op in ("deploy", "deployment"):
+            self.endpoint._ops[op] = self._members_first(self.endpoint._ops[op])
         self.backup = Backup()
         self.adopted: dict[str, str] = {}  # member name -> address
+        self._unusable: dict[str, str] = {}  # member name -> the address its adoption failed at
         self._adopting = threading.Lock()
         self._members_watch = None
         self.roles = Roles(self.registry, name, self._doc, self)
@@ -91,6 +94,16 @@ class EngineHost:
             self.roles.synced(self.backup.era, self.backup.run)
         return {}, b""
 
+    def _members_first(self, op):
+        """``op``, placing instances (a deploy, a rescale) only once every member the registry names is
+        adopted: the members watch adopts in a thread of its own, maybe not yet (a deploy asked as a worker
+        joins, or as this host becomes the primary, would leave that worker out)."""
+        def placing_on_every_member(h, payload):
+            if h.get("op") == "deploy" or h.get("method") == "rescale":
+                self.adopt_members(again=False)
+            return op(h, payload)
+        return placing_on_every_member
+
     def _doc(self) -> dict:
         return {"name": self.name, "address": self.endpoint.address, "pid": os.getpid(), "host": socket.gethostname()}
 
@@ -111,6 +124,7 @@ class EngineHost:
                 break
             except EngineError as e:
                 log.warning("engine host %s: taking over waits for instance managers: %s", self.name, e)
+        self.adopt_members(again=False)  # the replay places instances: on every member, the watch's pass done or not
         log.info("engine host %s: replaying %d entries on %d instance managers", self.name,
                  len(self.backup.entries), len(self.adopted))
         replay(self.backup, self.engine)
@@ -131,25 +145,30 @@ class EngineHost:
             self._members_watch = self.registry.watch_children(tree.MEMBERS, lambda names: threading.Thread(
                 target=self.adopt_members, daemon=True).start())
 
-    def adopt_members(self, names=None) -> None:
-        """Use every member not adopted yet (a worker that joined) for the next placements."""
+    def adopt_members(self, again: bool = True) -> None:
+        """Use every member not adopted yet (a worker that joined) for the next placements; not ``again`` one
+        whose adoption failed at the address it has now (a placement does not wait on an unreachable one)."""
         with self._adopting:
             try:
-                self._adopt(self.registry.children(tree.MEMBERS) if names is None else names)
+                self._adopt(self.registry.children(tree.MEMBERS), again)
             except RegistryError as e:  # the registry closed meanwhile (this host stops), or is cut off
                 log.info("engine host %s: members not read now: %s", self.name, e)
 
-    def _adopt(self, names: list[str]) -> None:
+    def _adopt(self, names: list[str], again: bool) -> None:
         cluster = self.engine.cluster
         for name in sorted(names):
             info = self.registry.get(tree.member(name))
             if not info or cluster.by_name(name) is not None:  # gone, or served already (its node came back
                 continue                                       # in a new session: the same worker)
+            if not again and self._unusable.get(name) == info.get("address"):
+                continue
             try:
                 self.engine.add_instance_manager(info["address"])
                 self.adopted[name] = info["address"]
+                self._unusable.pop(name, None)
                 log.info("engine host %s: instance manager %s (%s) joined", self.name, name, info["address"])
             except SparkcepError as e:
+                self._unusable[name] = info.get("address")
                 log.warning("engine host %s: cannot use member %s at %s: %s [%s]", self.name, name,
                             info.get("address"), e, e.code)
 

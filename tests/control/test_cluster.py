@@ -175,13 +175,22 @@ def test_the_leader_dies_mid_stream_and_the_standby_leads_and_answers_the_deploy
     engine.close()
 
 
-def test_a_worker_that_joins_is_used_and_one_that_dies_is_reported(cluster):
+def test_a_worker_that_joins_is_used_at_once_and_one_that_dies_is_reported(cluster):
+    """The engine host adopts the members that join one after another, in a thread of its own: a member that
+    does not answer yet (a stopped worker; here a socket that takes the connection and answers nothing until
+    released) holds up the adoption of w3, which joins meanwhile. A deploy asked at once still uses w3."""
     c = cluster
     engine = cep.Engine.connect(f"zk://{c.zk}", token_file=str(c.token_file))
     wait(lambda: len(engine.instance_managers()) == 3, "the engine host to adopt the 3 workers")
-    c.start("w3", "worker", "--cpus", "1")
-    wait(lambda: len(engine.instance_managers()) == 4, "the engine host to adopt w3")
-    engine.deploy(query("wide"), parallelism=4)
+    hung = socket.create_server(("127.0.0.1", 0))
+    with ZkRegistry(c.zk.split("/", 1)[0], "/" + c.zk.split("/", 1)[1], session_timeout=2.0,
+                    token=auth.read(c.token_file)) as member:
+        member.create(tree.member("w2x"), {"name": "w2x", "address": f"127.0.0.1:{hung.getsockname()[1]}",
+                                           "host": socket.gethostname(), "pid": os.getpid(), "cpus": [1], "node": 0},
+                      ephemeral=True)
+        c.start("w3", "worker", "--cpus", "1")
+        threading.Timer(3.0, hung.close).start()  # then its adoption fails, and the next one's goes on
+        engine.deploy(query("wide"), parallelism=4)
     hosts = {im["name"]: [i for i in im["instances"] if i.startswith("wide.")] for im in engine.instance_managers()}
     assert sorted(hosts) == ["w0", "w1", "w2", "w3"] and all(len(v) == 1 for v in hosts.values()), hosts
     ran = hosts["w1"]
