@@ -53,6 +53,7 @@ log = logging.getLogger("sparkcep")
 REFRESH_S = 2.0  # how often the leader records placements and figures, and counts engine hosts
 ENGINE_HOSTS = 3  # a primary, its standby and a spare
 START_S = 30.0  # an engine host it started registers within this long, or it is started again
+REGISTER_AGAIN_S = 5.0  # after a registry outage its engine hosts register again within this long of its lead
 DEATH_S = 3.0  # a member gone this long is reported dead
 LEAVE_S = 3.0  # a leaving orchestrator waits this long for the others to leave: past a session (2 s) of a dead one
 
@@ -123,7 +124,9 @@ class Orchestrator:
         requests = self.registry.watch_children(tree.REQUESTS, lambda _: pending.set())
         members = self.registry.watch_children(tree.MEMBERS, self._membership)
         try:
-            next_refresh = 0.0
+            # with a data path recorded, its engine hosts may have lost their sessions with this one's (a registry
+            # outage): counted before they register again, they would be started anew (three more processes)
+            next_refresh = time.monotonic() + REGISTER_AGAIN_S if self.registry.get(tree.DATAPATH) else 0.0
             while self.leading.is_set() and not self.stopped.is_set():
                 self._reap()
                 self._look_around()

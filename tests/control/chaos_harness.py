@@ -12,6 +12,7 @@ and restarted empty on the same port; ``sparkcep orchestrator`` x2;
 * ``worker``: SIGKILL a worker running instances (a new one joins under a
   new name, as the Spark launcher does);
 * ``pause``: SIGSTOP ZooKeeper for ``pause_s``, then SIGCONT;
+* ``outage``: stop ZooKeeper for ``pause_s``, then start it again with its data;
 * ``restart``: stop ZooKeeper and start it again empty on the same port.
 
 :meth:`Cluster.stop` ends everything with SIGTERM and returns what is left
@@ -36,7 +37,7 @@ from sparkcep.control import tree
 from sparkcep.control.registry import ZkRegistry
 from sparkcep.control.zookeeper import ZooKeeperServer
 
-FAULTS = ("primary", "standby", "leader", "worker", "pause", "restart")
+FAULTS = ("primary", "standby", "leader", "worker", "pause", "outage", "restart")
 
 
 class Cluster:
@@ -45,7 +46,7 @@ class Cluster:
     def __init__(self, work: Path, workers: int = 3, pause_s: float = 10.0):
         self.work, self.pause_s = Path(work), pause_s
         self.token_file = auth.write(self.work / "token", auth.generate())
-        self.zk_server = ZooKeeperServer()
+        self.zk_server = ZooKeeperServer(data_dir=self.work / "zookeeper")
         self.zk_hosts = self.zk_server.start(timeout=60)
         self.zk = f"zk://{self.zk_hosts}/chaos"
         self.procs: dict[str, subprocess.Popen] = {}
@@ -123,6 +124,11 @@ class Cluster:
             time.sleep(self.pause_s)
             os.kill(self.zk_server.process.pid, signal.SIGCONT)
             return f"ZooKeeper paused {self.pause_s:.0f} s"
+        if kind == "outage":
+            self.zk_server.stop()
+            time.sleep(self.pause_s)
+            self.zk_server.start(timeout=60)
+            return f"ZooKeeper stopped {self.pause_s:.0f} s, then started again with its data"
         if kind == "restart":
             port = self.zk_server.port
             self.zk_server.stop()

@@ -9,10 +9,15 @@ surplus without the race: a fourth engine host started beside the three,
 as an orchestrator does in it. Asserted: one spare stops (neither the
 primary nor its standby), three stay, as processes and in the registry.
 
-The second connects a client right after the primary was killed, while
+The second stops ZooKeeper past every session and starts it again with its
+data: the leading orchestrator, leading again, counted the engine hosts
+before they registered again and started three more (stopped as spares
+seconds later). Asserted: it starts none that did not stop.
+
+The third connects a client right after the primary was killed, while
 the registry still names it: ``Engine.connect`` (and every command built on
 it) said ENGINE_NOT_FOUND at once. Asserted: it connects to the new
-primary. These two share one cluster.
+primary. These three share one cluster.
 
 The last stops the last orchestrator right after the other one was
 killed, as the chaos test's last fault did: the dead one stays registered
@@ -34,6 +39,7 @@ import sparkcep as cep
 from harness import wait
 from sparkcep.control import host as engine_host
 from sparkcep.control import tree
+from sparkcep.control.orchestrator import REFRESH_S, REGISTER_AGAIN_S
 
 SETTLE_S = 60.0  # for the cluster to start, and to be back to three engine hosts
 STOPS_S = 10.0  # the engine hosts stop within this long of the last orchestrator's SIGTERM
@@ -79,6 +85,24 @@ def test_an_engine_host_beyond_three_is_a_spare_that_stops(shared):
         if extra is not None:
             extra.kill()
             extra.wait(10)
+
+
+def test_after_a_zookeeper_outage_the_leader_starts_no_engine_host_anew(shared):
+    cluster = shared
+    wait(lambda: whole(cluster), "three engine hosts", timeout=SETTLE_S, every=0.2)
+    hosts, starts, leads = cluster.engine_host_pids(), said(cluster, "registered: starting"), said(cluster, " leads ")
+    cluster.fault("outage")
+    wait(lambda: said(cluster, " leads ") > leads, "an orchestrator to lead again", timeout=SETTLE_S)
+    time.sleep(REGISTER_AGAIN_S + 2 * REFRESH_S)  # its first counts of the engine hosts
+    wait(lambda: whole(cluster), "three engine hosts after the outage", timeout=SETTLE_S, every=0.2)
+    started, stopped = said(cluster, "registered: starting") - starts, hosts - cluster.engine_host_pids()
+    assert started <= len(stopped), (started, stopped, cluster.story(40))
+
+
+def said(cluster: Cluster, text: str) -> int:
+    """How many lines of the orchestrators' logs say ``text``."""
+    return sum(line.count(text) for log in cluster.work.glob("o*.log")
+               for line in log.read_text(errors="replace").splitlines())
 
 
 def test_a_client_connecting_during_a_fail_over_reaches_the_new_primary(shared):
